@@ -1,0 +1,27 @@
+// Every DLOP_* environment variable is read here, and only here. The table in
+// README.md ("Configuration") documents each one; keep the two in step.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace dlop {
+
+enum class ProgressMode { kSpin, kSleep, kAuto };
+
+struct Config {
+  std::string log_level = "warn";                 // DLOP_LOG_LEVEL
+  std::chrono::milliseconds timeout{300'000};     // DLOP_TIMEOUT_MS
+  ProgressMode progress = ProgressMode::kAuto;    // DLOP_PROGRESS
+  std::chrono::microseconds spin{200};            // DLOP_SPIN_US
+  std::chrono::milliseconds watchdog{100};        // DLOP_WATCHDOG_MS
+  std::string host_id;                            // DLOP_HOST_ID (empty: hostname + boot id)
+
+  // Reads the environment; throws dlop::Error naming the variable on a bad value.
+  static Config from_env();
+};
+
+// The process-wide configuration, read from the environment on first use.
+const Config& config();
+
+}  // namespace dlop

@@ -1,0 +1,56 @@
+#include "core/config.hpp"
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+
+#include "core/error.hpp"
+
+namespace dlop {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && *value != '\0') ? value : nullptr;
+}
+
+long long parse_count(const char* name, std::string_view text) {
+  long long value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("{}='{}' is not a non-negative integer", name, text));
+  }
+  return value;
+}
+
+ProgressMode parse_progress(std::string_view text) {
+  if (text == "spin") return ProgressMode::kSpin;
+  if (text == "sleep") return ProgressMode::kSleep;
+  if (text == "auto") return ProgressMode::kAuto;
+  throw_error(Errc::kInvalidArgument,
+              fmt::format("DLOP_PROGRESS='{}' is not one of spin, sleep, auto", text));
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  if (const char* v = env("DLOP_LOG_LEVEL")) c.log_level = v;
+  if (const char* v = env("DLOP_TIMEOUT_MS")) c.timeout = std::chrono::milliseconds(parse_count("DLOP_TIMEOUT_MS", v));
+  if (const char* v = env("DLOP_PROGRESS")) c.progress = parse_progress(v);
+  if (const char* v = env("DLOP_SPIN_US")) c.spin = std::chrono::microseconds(parse_count("DLOP_SPIN_US", v));
+  if (const char* v = env("DLOP_WATCHDOG_MS")) c.watchdog = std::chrono::milliseconds(parse_count("DLOP_WATCHDOG_MS", v));
+  if (const char* v = env("DLOP_HOST_ID")) c.host_id = v;
+  if (c.watchdog.count() == 0) {
+    throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
+  }
+  return c;
+}
+
+const Config& config() {
+  static const Config instance = Config::from_env();
+  return instance;
+}
+
+}  // namespace dlop

@@ -1,0 +1,285 @@
+// Tagged send/recv, puts and active messages between real processes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "common/multiprocess.hpp"
+#include "core/error.hpp"
+#include "transport/mesh.hpp"
+
+namespace dlop::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A byte pattern that differs by sender, receiver, size and position.
+std::uint8_t pattern(int src, int dst, std::size_t size, std::size_t i) {
+  return static_cast<std::uint8_t>((i * 131u) ^ (static_cast<std::size_t>(src) * 29u) ^
+                                   (static_cast<std::size_t>(dst) * 7u) ^ size);
+}
+
+std::vector<std::uint8_t> make_payload(int src, int dst, std::size_t size) {
+  std::vector<std::uint8_t> data(size);
+  for (std::size_t i = 0; i < size; ++i) data[i] = pattern(src, dst, size, i);
+  return data;
+}
+
+// Index of the first wrong byte, or -1.
+long first_mismatch(const std::vector<std::uint8_t>& got, int src, int dst, std::size_t size) {
+  for (std::size_t i = 0; i < size; ++i) {
+    if (got[i] != pattern(src, dst, size, i)) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+// Out-of-band barriers do not progress UCX, and a peer may need our progress
+// to finish its sends (rendezvous acks): end every test with this one.
+void mesh_barrier(Mesh& mesh) {
+  constexpr Tag kBarrierTag = 0xBA;
+  std::vector<Request> requests;
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (peer == mesh.rank()) continue;
+    requests.push_back(mesh.send(peer, nullptr, 0, kBarrierTag));
+    requests.push_back(mesh.recv(peer, nullptr, 0, kBarrierTag));
+  }
+  for (auto& r : requests) r.wait(60s);
+}
+
+constexpr std::size_t kSizes[] = {0, 1, 7, 4096, 1 << 20, (64u << 20) + 3};
+
+class MeshGrid : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+
+TEST_P(MeshGrid, SendRecvAllPairs) {
+  const auto [ranks, size] = GetParam();
+  test::run_ranks(ranks, [size](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    const int n = mesh.size();
+    const int me = mesh.rank();
+    std::vector<std::vector<std::uint8_t>> in(static_cast<std::size_t>(n), std::vector<std::uint8_t>(size + 1, 0xEE));
+    std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(n));
+    std::vector<Request> requests;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      requests.push_back(mesh.recv(peer, in[static_cast<std::size_t>(peer)].data(), size, 5));
+      out[static_cast<std::size_t>(peer)] = make_payload(me, peer, size);
+      requests.push_back(mesh.send(peer, out[static_cast<std::size_t>(peer)].data(), size, 5));
+    }
+    for (auto& r : requests) r.wait(60s);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto& got = in[static_cast<std::size_t>(peer)];
+      EXPECT_EQ(first_mismatch(got, peer, me, size), -1) << "from rank " << peer << " size " << size;
+      EXPECT_EQ(got[size], 0xEE) << "wrote past the end";
+    }
+    for (std::size_t i = 0; i < requests.size(); i += 2) EXPECT_EQ(requests[i].received_bytes(), size);
+  });
+}
+
+TEST_P(MeshGrid, PutIntoRightNeighbour) {
+  const auto [ranks, size] = GetParam();
+  test::run_ranks(ranks, [size](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    const int n = mesh.size();
+    const int right = (mesh.rank() + 1) % n;
+    const int left = (mesh.rank() + n - 1) % n;
+    MemoryRegion target(worker, size + 1);
+    std::memset(target.data(), 0xEE, size + 1);
+    // Publish where to put and the key; the neighbour reads it.
+    Bytes published(sizeof(std::uint64_t));
+    const std::uint64_t address = target.remote_address();
+    std::memcpy(published.data(), &address, sizeof(address));
+    const Bytes key = target.pack_key();
+    published.insert(published.end(), key.begin(), key.end());
+    const auto all = b.allgather(published, 30s);
+    const Bytes& theirs = all[static_cast<std::size_t>(right)];
+    std::uint64_t remote = 0;
+    std::memcpy(&remote, theirs.data(), sizeof(remote));
+    const RemoteKey rkey = mesh.unpack_key(right, Bytes(theirs.begin() + sizeof(remote), theirs.end()));
+
+    const auto data = make_payload(mesh.rank(), right, size);
+    mesh.put(right, data.data(), size, remote, rkey).wait(60s);
+    mesh.flush(right).wait(60s);
+    mesh.send(right, nullptr, 0, 9).wait(60s);  // "your region is written"
+    mesh.recv(left, nullptr, 0, 9).wait(60s);
+
+    std::vector<std::uint8_t> got(static_cast<std::uint8_t*>(target.data()),
+                                  static_cast<std::uint8_t*>(target.data()) + size + 1);
+    EXPECT_EQ(first_mismatch(got, left, mesh.rank(), size), -1) << "put from rank " << left;
+    EXPECT_EQ(got[size], 0xEE) << "put wrote past the end";
+    mesh_barrier(mesh);  // keep the region registered until every put has landed
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksBySizes, MeshGrid,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::ValuesIn(kSizes)),
+                         [](const auto& param_info) {
+                           return "ranks" + std::to_string(std::get<0>(param_info.param)) + "_bytes" +
+                                  std::to_string(std::get<1>(param_info.param));
+                         });
+
+TEST(Mesh, LaterTagCompletesFirstWhileEarlierStaysPending) {
+  test::run_ranks(2, [](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    std::uint64_t first = 0, second = 0;
+    if (mesh.rank() == 0) {
+      Request a = mesh.recv(1, &first, sizeof(first), 1);
+      Request c = mesh.recv(1, &second, sizeof(second), 2);
+      b.barrier(30s);  // both posted before anything is sent
+      c.wait(30s);
+      EXPECT_EQ(second, 222u);
+      EXPECT_FALSE(a.test()) << "tag 1 completed with the message of tag 2";
+      mesh.send(1, nullptr, 0, 3).wait(30s);  // now send tag 1
+      a.wait(30s);
+      EXPECT_EQ(first, 111u);
+    } else {
+      first = 111;
+      second = 222;
+      b.barrier(30s);
+      mesh.send(0, &second, sizeof(second), 2).wait(30s);
+      mesh.recv(0, nullptr, 0, 3).wait(30s);
+      mesh.send(0, &first, sizeof(first), 1).wait(30s);
+    }
+  });
+}
+
+TEST(Mesh, HundredsInFlightWithShuffledTagsLandInTheirBuffers) {
+  test::run_ranks(2, [](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    constexpr int kMessages = 300;
+    auto size_of = [](int i) { return static_cast<std::size_t>((i * 7919) % 70000); };
+    if (mesh.rank() == 0) {
+      std::vector<std::vector<std::uint8_t>> in(kMessages);
+      std::vector<Request> requests;
+      for (int i = 0; i < kMessages; ++i) {
+        in[static_cast<std::size_t>(i)].resize(size_of(i));
+        requests.push_back(mesh.recv(1, in[static_cast<std::size_t>(i)].data(), size_of(i), static_cast<Tag>(1000 + i)));
+      }
+      b.barrier(30s);
+      for (auto& r : requests) r.wait(60s);
+      for (int i = 0; i < kMessages; ++i) {
+        EXPECT_EQ(first_mismatch(in[static_cast<std::size_t>(i)], 1, i, size_of(i)), -1) << "tag " << 1000 + i;
+        EXPECT_EQ(requests[static_cast<std::size_t>(i)].received_bytes(), size_of(i));
+      }
+    } else {
+      std::vector<int> order(kMessages);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), std::mt19937(42));
+      std::vector<std::vector<std::uint8_t>> out(kMessages);
+      std::vector<Request> requests;
+      b.barrier(30s);
+      for (const int i : order) {
+        out[static_cast<std::size_t>(i)] = make_payload(1, i, size_of(i));
+        requests.push_back(mesh.send(0, out[static_cast<std::size_t>(i)].data(), size_of(i), static_cast<Tag>(1000 + i)));
+      }
+      for (auto& r : requests) r.wait(60s);
+    }
+    mesh_barrier(mesh);
+  });
+}
+
+TEST(Mesh, RecvAnyReportsTheSender) {
+  test::run_ranks(3, [](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    if (mesh.rank() == 0) {
+      std::vector<int> sources;
+      for (int i = 0; i < 2; ++i) {
+        std::int32_t value = -1;
+        Request r = mesh.recv_any(&value, sizeof(value), 77);
+        r.wait(30s);
+        EXPECT_EQ(value, r.source() * 100) << "received " << r.received_bytes();
+        sources.push_back(r.source());
+      }
+      std::sort(sources.begin(), sources.end());
+      EXPECT_EQ(sources, (std::vector<int>{1, 2}));
+    } else {
+      const std::int32_t value = mesh.rank() * 100;
+      mesh.send(0, &value, sizeof(value), 77).wait(30s);
+    }
+    mesh_barrier(mesh);
+  });
+}
+
+TEST(Mesh, TruncatedAndCanceledReceivesAreErrors) {
+  test::run_ranks(2, [](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    if (mesh.rank() == 0) {
+      std::vector<std::uint8_t> small(8);
+      Request r = mesh.recv(1, small.data(), small.size(), 3);
+      try {
+        r.wait(30s);
+        ADD_FAILURE() << "a 64-byte message fit an 8-byte buffer";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::kProtocol) << e.what();
+      }
+      Request never = mesh.recv(1, small.data(), small.size(), 4);
+      never.cancel();
+      try {
+        never.wait(5s);
+        ADD_FAILURE() << "a canceled receive completed";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::kCanceled) << e.what();
+      }
+      try {
+        mesh.recv(1, small.data(), small.size(), 5).wait(200ms);
+        ADD_FAILURE() << "a receive with no sender completed";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::kTimeout);
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+      }
+      EXPECT_THROW(mesh.send(1, small.data(), 1, kMaxUserTag + 1), Error);
+    } else {
+      const std::vector<std::uint8_t> big(64, 1);
+      mesh.send(0, big.data(), big.size(), 3).wait(30s);
+    }
+    mesh_barrier(mesh);
+  });
+}
+
+TEST(Mesh, ActiveMessagesCarrySenderHeaderAndPayload) {
+  test::run_ranks(3, [](Bootstrap& b) {
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    struct Seen { int source; std::vector<std::byte> header, payload; };
+    std::vector<Seen> seen;
+    mesh.set_am_handler(11, [&seen](int source, std::span<const std::byte> header, std::span<const std::byte> payload) {
+      seen.push_back({source, {header.begin(), header.end()}, {payload.begin(), payload.end()}});
+    });
+    b.barrier(30s);  // handlers are set everywhere before anyone sends
+    const std::size_t sizes[] = {0, 5, 1 << 20};  // the last goes by rendezvous
+    std::vector<std::vector<std::uint8_t>> payloads;
+    std::vector<Request> requests;
+    const std::uint32_t header = 0xC0DE0000u + static_cast<std::uint32_t>(mesh.rank());
+    for (const std::size_t size : sizes) {
+      payloads.push_back(make_payload(mesh.rank(), 0, size));
+      requests.push_back(mesh.am_send(0, 11, std::as_bytes(std::span(&header, 1)), std::as_bytes(std::span(payloads.back()))));
+    }
+    for (auto& r : requests) r.wait(30s);
+    if (mesh.rank() == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (seen.size() < 9 && std::chrono::steady_clock::now() < deadline) mesh.progress();
+      ASSERT_EQ(seen.size(), 9u);
+      for (const Seen& s : seen) {
+        std::uint32_t got_header = 0;
+        ASSERT_EQ(s.header.size(), sizeof(got_header));
+        std::memcpy(&got_header, s.header.data(), sizeof(got_header));
+        EXPECT_EQ(got_header, 0xC0DE0000u + static_cast<std::uint32_t>(s.source));
+        std::vector<std::uint8_t> bytes(s.payload.size());
+        std::memcpy(bytes.data(), s.payload.data(), bytes.size());
+        EXPECT_TRUE(bytes.size() == 0 || bytes.size() == 5 || bytes.size() == (1u << 20));
+        EXPECT_EQ(first_mismatch(bytes, s.source, 0, bytes.size()), -1) << "size " << bytes.size() << " from " << s.source;
+      }
+    }
+    mesh_barrier(mesh);
+  });
+}
+
+}  // namespace
+}  // namespace dlop::transport

@@ -1,0 +1,52 @@
+// RAII owners of the UCX context and worker: one of each per engine.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "transport/store.hpp"
+
+namespace dlop::transport {
+
+// Throws dlop::Error(kTransport) naming the call and UCX's status string.
+void check_ucs(ucs_status_t status, const char* what);
+
+class UcxWorker {
+ public:
+  struct Options {
+    // Ask for UCP_FEATURE_WAKEUP so that wait_for_events() can sleep on an
+    // event fd. Transports without wake-up support are then left out.
+    bool wakeup = true;
+  };
+
+  UcxWorker();
+  explicit UcxWorker(const Options& options);
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  ucp_context_h context() const { return context_.get(); }
+  ucp_worker_h get() const { return worker_.get(); }
+  // This worker's address, to be published through the bootstrap.
+  Bytes address() const;
+
+  // Progresses until UCX reports nothing more to do; returns true if it did anything.
+  bool progress();
+  // Sleeps on the worker's event fd until something happens or the timeout
+  // passes. Returns at once if there are events to progress. Without wake-up
+  // support it just progresses once.
+  void wait_for_events(std::chrono::milliseconds timeout);
+  bool can_sleep() const { return event_fd_ >= 0; }
+
+ private:
+  struct ContextDeleter { void operator()(ucp_context*) const; };
+  struct WorkerDeleter { void operator()(ucp_worker*) const; };
+
+  std::unique_ptr<ucp_context, ContextDeleter> context_;
+  std::unique_ptr<ucp_worker, WorkerDeleter> worker_;
+  int event_fd_ = -1;
+};
+
+}  // namespace dlop::transport

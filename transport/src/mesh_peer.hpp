@@ -1,0 +1,21 @@
+// Private parts of Mesh shared by its source files.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/mesh.hpp"
+
+namespace dlop::transport {
+
+struct Mesh::AmContext {
+  Mesh* mesh = nullptr;
+  std::uint16_t id = 0;
+  AmHandler handler;
+};
+
+inline constexpr int kRankShift = kUserTagBits;
+
+}  // namespace dlop::transport

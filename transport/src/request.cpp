@@ -1,0 +1,131 @@
+#include "transport/request.hpp"
+
+#include "core/error.hpp"
+#include "mesh_peer.hpp"
+
+namespace dlop::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* op_name(detail::OpKind kind) {
+  switch (kind) {
+    case detail::OpKind::kSend: return "send";
+    case detail::OpKind::kRecv: return "recv";
+    case detail::OpKind::kAmSend: return "active message";
+    case detail::OpKind::kPut: return "put";
+    case detail::OpKind::kFlush: return "flush";
+  }
+  return "operation";
+}
+
+}  // namespace
+
+Request::Request(Mesh* mesh, detail::OpKind kind, int peer, std::size_t bytes, ucs_status_t status) : mesh_(mesh) {
+  inline_.status = status;
+  inline_.kind = kind;
+  inline_.peer = peer;
+  inline_.bytes = bytes;
+  if (kind == detail::OpKind::kRecv) inline_.received = 0;
+}
+
+Request::Request(Mesh* mesh, detail::RequestSlot* slot) : mesh_(mesh), slot_(slot) {}
+
+Request::Request(Request&& other) noexcept : mesh_(other.mesh_), slot_(other.slot_), inline_(other.inline_) {
+  other.slot_ = nullptr;
+}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    release();
+    mesh_ = other.mesh_;
+    slot_ = other.slot_;
+    inline_ = other.inline_;
+    other.slot_ = nullptr;
+  }
+  return *this;
+}
+
+Request::~Request() { release(); }
+
+void Request::release() {
+  if (slot_ == nullptr) return;
+  if (!slot_->ucx_done) {
+    Mesh::unlink(slot_);
+    // A receive must not land in a buffer its owner may free now.
+    if (slot_->kind == detail::OpKind::kRecv) ucp_request_cancel(mesh_->worker_.get(), slot_);
+  }
+  if (slot_->ucx_done) {
+    delete[] slot_->owned;
+    detail::RequestSlot::reset(slot_);
+  } else {
+    slot_->orphaned = true;  // the completion callback cleans up
+  }
+  ucp_request_free(slot_);
+  slot_ = nullptr;
+}
+
+bool Request::test() {
+  if (state().status == UCS_INPROGRESS) mesh_->progress();
+  const ucs_status_t status = state().status;
+  if (status == UCS_INPROGRESS) return false;
+  if (status != UCS_OK) throw_failure();
+  return true;
+}
+
+void Request::wait() { wait(mesh_ != nullptr ? mesh_->options().timeout : std::chrono::milliseconds(0)); }
+
+void Request::wait(std::chrono::milliseconds timeout) {
+  if (test()) return;
+  const auto& options = mesh_->options();
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto spin_until = options.progress == ProgressMode::kSpin    ? Clock::time_point::max()
+                          : options.progress == ProgressMode::kSleep ? start
+                                                                     : start + options.spin;
+  for (unsigned round = 1;; ++round) {
+    if (test()) return;
+    if ((round & 15u) != 0) continue;  // read the clock only every few rounds
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      const auto& s = state();
+      const auto& failure = s.peer >= 0 ? mesh_->peer_failure(s.peer) : std::nullopt;
+      throw_error(Errc::kTimeout,
+                  fmt::format("{} of {} B {} {} timed out after {} ms{}", op_name(s.kind), s.bytes,
+                              s.kind == detail::OpKind::kRecv ? "from" : "to", mesh_->describe(s.peer),
+                              timeout.count(), failure ? "; peer dead: " + *failure : "; peer alive"));
+    }
+    if (now >= spin_until) {
+      mesh_->wait_for_events(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    }
+  }
+}
+
+void Request::cancel() {
+  if (slot_ != nullptr && slot_->status == UCS_INPROGRESS) ucp_request_cancel(mesh_->worker_.get(), slot_);
+}
+
+std::size_t Request::received_bytes() const { return state().received; }
+
+int Request::source() const {
+  const auto& s = state();
+  return s.peer >= 0 ? s.peer : static_cast<int>(s.sender_tag >> kRankShift);
+}
+
+void Request::throw_failure() const {
+  const auto& s = state();
+  const std::string what = fmt::format("{} of {} B {} {}", op_name(s.kind), s.bytes,
+                                       s.kind == detail::OpKind::kRecv ? "from" : "to", mesh_->describe(s.peer));
+  const auto* failure = s.peer >= 0 && mesh_->peer_failure(s.peer) ? &*mesh_->peer_failure(s.peer) : nullptr;
+  if (s.peer_failed || failure != nullptr) {
+    throw_error(Errc::kPeerDead, fmt::format("{} failed: the peer died ({})", what,
+                                             failure != nullptr ? *failure : ucs_status_string(s.status)));
+  }
+  if (s.status == UCS_ERR_CANCELED) throw_error(Errc::kCanceled, what + " was canceled");
+  if (s.status == UCS_ERR_MESSAGE_TRUNCATED) {
+    throw_error(Errc::kProtocol, fmt::format("{}: the message was longer than the buffer", what));
+  }
+  throw_error(Errc::kTransport, fmt::format("{} failed: {}", what, ucs_status_string(s.status)));
+}
+
+}  // namespace dlop::transport

@@ -1,0 +1,75 @@
+#include "transport/ucx_worker.hpp"
+
+#include <poll.h>
+
+#include "core/error.hpp"
+#include "transport/detail/request_slot.hpp"
+
+namespace dlop::transport {
+
+void check_ucs(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) {
+    throw_error(Errc::kTransport, fmt::format("{} failed: {}", what, ucs_status_string(status)));
+  }
+}
+
+void UcxWorker::ContextDeleter::operator()(ucp_context* context) const { ucp_cleanup(context); }
+void UcxWorker::WorkerDeleter::operator()(ucp_worker* worker) const { ucp_worker_destroy(worker); }
+
+UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
+
+UcxWorker::UcxWorker(const Options& options) {
+  ucp_config_t* config = nullptr;
+  check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE | UCP_PARAM_FIELD_REQUEST_INIT |
+                      UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA;
+  if (options.wakeup) params.features |= UCP_FEATURE_WAKEUP;
+  params.request_size = sizeof(detail::RequestSlot);
+  params.request_init = &detail::RequestSlot::reset;
+  params.mt_workers_shared = 0;
+  ucp_context_h context = nullptr;
+  const ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  check_ucs(status, "ucp_init");
+  context_.reset(context);
+
+  // One thread drives the worker at a time, but not always the one that made it.
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucp_worker_h worker = nullptr;
+  check_ucs(ucp_worker_create(context_.get(), &worker_params, &worker), "ucp_worker_create");
+  worker_.reset(worker);
+
+  if (options.wakeup) check_ucs(ucp_worker_get_efd(worker_.get(), &event_fd_), "ucp_worker_get_efd");
+}
+
+Bytes UcxWorker::address() const {
+  ucp_address_t* address = nullptr;
+  std::size_t length = 0;
+  check_ucs(ucp_worker_get_address(worker_.get(), &address, &length), "ucp_worker_get_address");
+  const auto* begin = reinterpret_cast<const std::uint8_t*>(address);
+  Bytes bytes(begin, begin + length);
+  ucp_worker_release_address(worker_.get(), address);
+  return bytes;
+}
+
+bool UcxWorker::progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker_.get()) != 0) any = true;
+  return any;
+}
+
+void UcxWorker::wait_for_events(std::chrono::milliseconds timeout) {
+  if (progress() || event_fd_ < 0) return;
+  const ucs_status_t status = ucp_worker_arm(worker_.get());
+  if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
+  check_ucs(status, "ucp_worker_arm");
+  pollfd fd{event_fd_, POLLIN, 0};
+  ::poll(&fd, 1, static_cast<int>(timeout.count()));
+}
+
+}  // namespace dlop::transport

@@ -83,15 +83,15 @@ void Mesh::connect(const std::vector<Bytes>& records) {
     peer.local = peer.host == options_.host;
 
     ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = reinterpret_cast<const ucp_address_t*>(address.data());
     // Peer mode costs shared memory (reference/ucx.md): only across hosts.
     params.err_mode = peer.local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-    if (!peer.local) {
-      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      params.err_handler.cb = &Mesh::on_ep_error;
-      params.err_handler.arg = &peer;
-    }
+    // Installed in mode none too: without a handler, UCX 1.13 aborts the
+    // process when a single-copy (cma) read from a dead peer fails.
+    params.err_handler.cb = &Mesh::on_ep_error;
+    params.err_handler.arg = &peer;
     check_ucs(ucp_ep_create(worker_.get(), &params, &peer.ep), "ucp_ep_create");
     if (log().should_log(spdlog::level::info)) {
       log().info("rank {} -> {} ({}, error mode {}):\n{}", rank_, rank, peer.local ? "same host" : "other host",

@@ -34,19 +34,6 @@ long first_mismatch(const std::vector<std::uint8_t>& got, int src, int dst, std:
   return -1;
 }
 
-// Out-of-band barriers do not progress UCX, and a peer may need our progress
-// to finish its sends (rendezvous acks): end every test with this one.
-void mesh_barrier(Mesh& mesh) {
-  constexpr Tag kBarrierTag = 0xBA;
-  std::vector<Request> requests;
-  for (int peer = 0; peer < mesh.size(); ++peer) {
-    if (peer == mesh.rank()) continue;
-    requests.push_back(mesh.send(peer, nullptr, 0, kBarrierTag));
-    requests.push_back(mesh.recv(peer, nullptr, 0, kBarrierTag));
-  }
-  for (auto& r : requests) r.wait(60s);
-}
-
 constexpr std::size_t kSizes[] = {0, 1, 7, 4096, 1 << 20, (64u << 20) + 3};
 
 class MeshGrid : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
@@ -110,7 +97,7 @@ TEST_P(MeshGrid, PutIntoRightNeighbour) {
                                   static_cast<std::uint8_t*>(target.data()) + size + 1);
     EXPECT_EQ(first_mismatch(got, left, mesh.rank(), size), -1) << "put from rank " << left;
     EXPECT_EQ(got[size], 0xEE) << "put wrote past the end";
-    mesh_barrier(mesh);  // keep the region registered until every put has landed
+    mesh.fence(60s);  // keep the region registered until every put has landed
   });
 }
 
@@ -179,7 +166,7 @@ TEST(Mesh, HundredsInFlightWithShuffledTagsLandInTheirBuffers) {
       }
       for (auto& r : requests) r.wait(60s);
     }
-    mesh_barrier(mesh);
+    mesh.fence(60s);
   });
 }
 
@@ -202,7 +189,7 @@ TEST(Mesh, RecvAnyReportsTheSender) {
       const std::int32_t value = mesh.rank() * 100;
       mesh.send(0, &value, sizeof(value), 77).wait(30s);
     }
-    mesh_barrier(mesh);
+    mesh.fence(60s);
   });
 }
 
@@ -239,7 +226,7 @@ TEST(Mesh, TruncatedAndCanceledReceivesAreErrors) {
       const std::vector<std::uint8_t> big(64, 1);
       mesh.send(0, big.data(), big.size(), 3).wait(30s);
     }
-    mesh_barrier(mesh);
+    mesh.fence(60s);
   });
 }
 
@@ -272,12 +259,12 @@ TEST(Mesh, ActiveMessagesCarrySenderHeaderAndPayload) {
         std::memcpy(&got_header, s.header.data(), sizeof(got_header));
         EXPECT_EQ(got_header, 0xC0DE0000u + static_cast<std::uint32_t>(s.source));
         std::vector<std::uint8_t> bytes(s.payload.size());
-        std::memcpy(bytes.data(), s.payload.data(), bytes.size());
+        if (!bytes.empty()) std::memcpy(bytes.data(), s.payload.data(), bytes.size());
         EXPECT_TRUE(bytes.size() == 0 || bytes.size() == 5 || bytes.size() == (1u << 20));
         EXPECT_EQ(first_mismatch(bytes, s.source, 0, bytes.size()), -1) << "size " << bytes.size() << " from " << s.source;
       }
     }
-    mesh_barrier(mesh);
+    mesh.fence(60s);
   });
 }
 

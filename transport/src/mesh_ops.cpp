@@ -122,7 +122,7 @@ Request Mesh::recv(int peer, void* buffer, std::size_t bytes, Tag tag) {
 Request Mesh::recv_any(void* buffer, std::size_t bytes, Tag tag) {
   check_tag(tag);
   const ucp_request_param_t params = recv_params();
-  return post_result(ucp_tag_recv_nbx(worker_.get(), buffer, bytes, tag, kMaxUserTag, &params), OpKind::kRecv, -1,
+  return post_result(ucp_tag_recv_nbx(worker_.get(), buffer, bytes, tag, kUserTagMask, &params), OpKind::kRecv, -1,
                      bytes);
 }
 
@@ -211,6 +211,30 @@ Request Mesh::flush(int peer) {
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
   params.cb.send = &Mesh::on_send_done;
   return post_result(ucp_ep_flush_nbx(ep, &params), OpKind::kFlush, peer, 0);
+}
+
+}  // namespace dlop::transport
+
+namespace dlop::transport {
+
+void Mesh::fence(std::chrono::milliseconds timeout) {
+  constexpr Tag kFenceTag = kMaxUserTag + 1;
+  std::vector<Request> requests;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank_ || peer_failure(peer)) continue;
+    std::optional<Request> failed;
+    ucp_ep_h ep = endpoint_for(peer, OpKind::kSend, 0, failed);
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    params.cb.send = &Mesh::on_send_done;
+    const ucp_tag_t send_tag = (static_cast<ucp_tag_t>(rank_) << kRankShift) | kFenceTag;
+    requests.push_back(post_result(ucp_tag_send_nbx(ep, nullptr, 0, send_tag, &params), OpKind::kSend, peer, 0));
+    const ucp_request_param_t recv = recv_params();
+    const ucp_tag_t recv_tag = (static_cast<ucp_tag_t>(peer) << kRankShift) | kFenceTag;
+    requests.push_back(post_result(ucp_tag_recv_nbx(worker_.get(), nullptr, 0, recv_tag, ~ucp_tag_t{0}, &recv),
+                                   OpKind::kRecv, peer, 0));
+  }
+  for (auto& r : requests) r.wait(timeout);
 }
 
 }  // namespace dlop::transport

@@ -17,5 +17,6 @@ struct Mesh::AmContext {
 };
 
 inline constexpr int kRankShift = kUserTagBits;
+inline constexpr ucp_tag_t kUserTagMask = (ucp_tag_t{1} << kUserTagBits) - 1;
 
 }  // namespace dlop::transport

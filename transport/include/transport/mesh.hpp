@@ -30,7 +30,7 @@ namespace dlop::transport {
 // User tags have 44 bits; the top 20 bits of the UCX tag carry the sender's rank.
 using Tag = std::uint64_t;
 inline constexpr int kUserTagBits = 44;
-inline constexpr Tag kMaxUserTag = (Tag{1} << kUserTagBits) - 1;
+inline constexpr Tag kMaxUserTag = (Tag{1} << kUserTagBits) - 2;  // the last one is fence()'s
 
 // Active-message handler: sender rank, header and payload (valid during the call).
 using AmHandler = std::function<void(int source, std::span<const std::byte> header,
@@ -75,6 +75,12 @@ class Mesh {
   Request put(int peer, const void* local, std::size_t bytes, std::uint64_t remote_address,
               const RemoteKey& key);
   Request flush(int peer);
+
+  // Exchanges an empty message with every live peer (on a reserved tag), so
+  // that no rank leaves while a peer still needs its progress, e.g. for
+  // rendezvous acknowledgements. Call it before tearing down a busy mesh;
+  // out-of-band barriers do not progress UCX.
+  void fence(std::chrono::milliseconds timeout);
 
   // Progresses UCX and, every watchdog interval, checks the local peers.
   bool progress();

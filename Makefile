@@ -1,0 +1,140 @@
+# dlop: set-up, build and tests in one place. `make help` lists the targets.
+#
+# Every target that needs it first installs what is missing (Debian packages,
+# the .venv and its packages, dlop itself editable), then configures and builds
+# incrementally. A second run does no needless work: the set-up scripts check
+# and return at once, CMake configures only a folder with no cache or whose
+# configure arguments changed (otherwise ninja re-runs CMake itself when a
+# CMakeLists.txt changed), and ninja says "no work to do".
+
+# $(,) is a comma inside $(call ...) arguments.
+, := ,
+
+VENV       ?= .venv
+PYTHON     ?= python3
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+BUILD_TSAN ?= build-tsan
+BUILD_TYPE ?= RelWithDebInfo
+JOBS       ?= 2
+# Debian's cmake, not the one a pip package may have put on the venv's PATH,
+# so that every run configures build/ with the same CMake.
+CMAKE      ?= $(firstword $(wildcard /usr/bin/cmake) cmake)
+CTEST      ?= $(firstword $(wildcard /usr/bin/ctest) ctest)
+# Extra arguments for every CMake configure, e.g. CMAKE_ARGS=-DDLOP_BUILD_BENCH=OFF
+CMAKE_ARGS ?=
+
+VENV_PY    := $(VENV)/bin/python
+PYTEST     := $(VENV_PY) -m pytest
+CTEST_RUN   = $(CTEST) --output-on-failure --no-tests=error -j$(JOBS) --test-dir
+
+# Python_EXECUTABLE: the venv's, for the dlop._C extension (torch lives there).
+CONFIGURE_ARGS = -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+  -DCMAKE_INSTALL_MESSAGE=LAZY --no-warn-unused-cli \
+  -DPython_EXECUTABLE=$(abspath $(VENV_PY)) -DPython3_EXECUTABLE=$(abspath $(VENV_PY)) \
+  $(CMAKE_ARGS)
+
+# Sanitizer runs: UBSan findings fail the test; LSan is on with ASan.
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+export VENV
+
+.DEFAULT_GOAL := help
+.NOTPARALLEL:
+.PHONY: help deps system venv configure build demo test test-cpp test-python \
+  test-asan test-tsan sanitize clean distclean
+
+help:
+	@echo 'dlop: make TARGET   (each target installs what is missing first)'
+	@echo
+	@echo '  demo         build, then run the main job on a built-in default (scripts/demo.sh)'
+	@echo '  test         build, then every test: C++ (ctest), Python (pytest), C++ under ASan+UBSan'
+	@echo '  build        install what is missing, configure and build in $(BUILD)/, install the executables into $(VENV)/bin'
+	@echo '  test-cpp     the C++ GoogleTest suites (ctest in $(BUILD)/)'
+	@echo '  test-python  the pytest suites in tests/python'
+	@echo '  test-asan    the C++ suites built with -DDLOP_SANITIZE=address,undefined in $(BUILD_ASAN)/'
+	@echo '  test-tsan    the C++ suites built with -DDLOP_SANITIZE=thread in $(BUILD_TSAN)/'
+	@echo '  sanitize     test-asan and test-tsan'
+	@echo '  deps         only install what is missing: Debian packages, $(VENV), dlop editable'
+	@echo '  clean        remove the build folders (not $(VENV))'
+	@echo '  distclean    clean, and remove $(VENV) and .stamps/'
+	@echo
+	@echo 'Variables: VENV=$(VENV) PYTHON=$(PYTHON) BUILD=$(BUILD) BUILD_TYPE=$(BUILD_TYPE) JOBS=$(JOBS) CMAKE_ARGS=$(CMAKE_ARGS)'
+
+# ---- set-up ------------------------------------------------------------------
+
+deps: system venv
+
+system:
+	@scripts/setup-system.sh
+
+venv: system
+	@PYTHON='$(PYTHON)' scripts/setup-python.sh '$(VENV)'
+
+# ---- build -------------------------------------------------------------------
+
+# $(call cmake_configure,DIR,EXTRA_ARGS): configure DIR when it has no cache,
+# or when the arguments differ from those it was last configured with (kept in
+# DIR/.dlop-configure-args). Otherwise ninja re-runs CMake when it must.
+define cmake_configure
+	@args='$(strip $(CONFIGURE_ARGS) $(2))'; \
+	if [ ! -f $(1)/CMakeCache.txt ] || [ ! -f $(1)/build.ninja ] || \
+	   [ "$$(cat $(1)/.dlop-configure-args 2>/dev/null)" != "$$args" ]; then \
+	  echo "$(CMAKE) -S . -B $(1) $$args"; \
+	  rm -f $(1)/.dlop-configure-args; \
+	  $(CMAKE) -S . -B $(1) $$args && echo "$$args" >$(1)/.dlop-configure-args; \
+	fi
+endef
+
+configure: deps
+	$(call cmake_configure,$(BUILD))
+
+# dlop._C (later) is written by the build straight into python/dlop/, where the
+# editable install finds it; executables are installed into the venv.
+build: configure
+	$(CMAKE) --build $(BUILD) -j$(JOBS)
+	$(CMAKE) --install $(BUILD) --prefix $(VENV) --component bin
+
+# ---- run ---------------------------------------------------------------------
+
+demo: build
+	scripts/demo.sh
+
+# ---- tests -------------------------------------------------------------------
+
+test: test-cpp test-python test-asan
+
+test-cpp: build
+	$(CTEST_RUN) $(BUILD)
+
+# With tests/python present, pytest collecting no test (exit 5) is a failure.
+test-python: build
+	@if [ -d tests/python ]; then \
+	  echo "$(PYTEST) tests/python"; $(PYTEST) tests/python; \
+	else echo "test-python: no tests/python, nothing to run"; fi
+
+test-asan: deps
+	$(call cmake_configure,$(BUILD_ASAN),-DDLOP_SANITIZE=address$(,)undefined)
+	$(CMAKE) --build $(BUILD_ASAN) -j$(JOBS)
+	$(SAN_ENV) $(CTEST_RUN) $(BUILD_ASAN)
+
+test-tsan: deps
+	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread)
+	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS)
+	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN)
+
+sanitize: test-asan test-tsan
+
+# ---- cleaning ----------------------------------------------------------------
+
+# Build outputs only: the build folders, and the extension the build writes
+# into python/dlop/. The venv and the stamps stay.
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	rm -f python/dlop/_C*.so
+
+distclean: clean
+	rm -rf $(VENV) .stamps
+

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that dlop builds and tests with, and only those
+# that are missing: when everything is there it prints nothing and takes a few
+# milliseconds (one dpkg-query), so `make` runs it every time.
+#
+# Usage: scripts/setup-system.sh        (as root, or through sudo otherwise)
+# Environment: DLOP_SKIP_SYSTEM=1 skips it (a non-Debian system with the
+# equivalents installed by hand).
+set -euo pipefail
+
+PACKAGES=(
+  cmake ninja-build g++ pkg-config
+  libucx-dev ucx-utils
+  libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  python3-venv
+  # Python.h for the dlop._C extension when the venv's Python is Debian's own.
+  python3-dev
+)
+
+if [[ "${DLOP_SKIP_SYSTEM:-}" == 1 ]]; then
+  exit 0
+fi
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "setup-system: no dpkg-query, so not Debian: make sure the equivalents of these are installed:" >&2
+  echo "  ${PACKAGES[*]}" >&2
+  exit 0
+fi
+
+# One line "name status" per package known to dpkg; unknown ones print nothing
+# (and make dpkg-query exit 1, which is expected here).
+status=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  grep -qxF "$p installed" <<<"$status" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "setup-system: missing packages and not root, no sudo: as root run" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  sudo=(sudo)
+fi
+apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300)
+
+echo "setup-system: installing ${missing[*]}"
+"${apt[@]}" update -qq
+"${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,15 @@
+# The MPI bootstrap's tests: included from tests/CMakeLists.txt when MPI is
+# found. They run under mpirun with 3 ranks, and once as a singleton without
+# mpirun, where MpiBootstrap initialises (and finalises) MPI itself.
+add_executable(dlop_mpi_bootstrap_tests transport/mpi_bootstrap_test.cpp)
+target_link_libraries(dlop_mpi_bootstrap_tests PRIVATE dlop_transport_mpi GTest::gtest dlop_options)
+
+# We run as root in CI containers; Open MPI refuses that unless told.
+set(_dlop_mpi_test_env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+
+add_test(NAME mpi_bootstrap_3_ranks
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 --oversubscribe ${MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:dlop_mpi_bootstrap_tests> ${MPIEXEC_POSTFLAGS})
+add_test(NAME mpi_bootstrap_singleton COMMAND dlop_mpi_bootstrap_tests --dlop-self-init)
+set_tests_properties(mpi_bootstrap_3_ranks mpi_bootstrap_singleton PROPERTIES
+  ENVIRONMENT "${_dlop_mpi_test_env}" TIMEOUT 120)

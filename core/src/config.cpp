@@ -42,6 +42,13 @@ Config Config::from_env() {
   if (const char* v = env("DLOP_SPIN_US")) c.spin = std::chrono::microseconds(parse_count("DLOP_SPIN_US", v));
   if (const char* v = env("DLOP_WATCHDOG_MS")) c.watchdog = std::chrono::milliseconds(parse_count("DLOP_WATCHDOG_MS", v));
   if (const char* v = env("DLOP_HOST_ID")) c.host_id = v;
+  if (const char* v = env("DLOP_ALGO")) c.algo = v;
+  if (const char* v = env("DLOP_DEBUG")) {
+    if (std::string_view(v) != "detail" && std::string_view(v) != "off") {
+      throw_error(Errc::kInvalidArgument, fmt::format("DLOP_DEBUG='{}' is not one of off, detail", v));
+    }
+    c.debug_detail = std::string_view(v) == "detail";
+  }
   if (c.watchdog.count() == 0) {
     throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
   }

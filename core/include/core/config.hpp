@@ -16,6 +16,8 @@ struct Config {
   std::chrono::microseconds spin{200};            // DLOP_SPIN_US
   std::chrono::milliseconds watchdog{100};        // DLOP_WATCHDOG_MS
   std::string host_id;                            // DLOP_HOST_ID (empty: hostname + boot id)
+  std::string algo;                               // DLOP_ALGO, e.g. "allreduce:ring,broadcast:binomial"
+  bool debug_detail = false;                      // DLOP_DEBUG=detail: cross-check every op's signature
 
   // Reads the environment; throws dlop::Error naming the variable on a bad value.
   static Config from_env();

@@ -56,6 +56,7 @@ class Mesh {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(peers_.size()); }
   bool is_local(int peer) const { return peers_.at(static_cast<std::size_t>(peer)).local; }
+  const std::string& host_of(int peer) const { return peers_.at(static_cast<std::size_t>(peer)).host; }
   const Options& options() const { return options_; }
   UcxWorker& worker() { return worker_; }
 

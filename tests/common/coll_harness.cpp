@@ -1,0 +1,32 @@
+#include "common/coll_harness.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dlop::test {
+
+const coll::Algorithm& find_algorithm(coll::CollKind kind, std::string_view name) {
+  for (const coll::Algorithm& a : coll::all_algorithms()) {
+    if (a.kind == kind && a.name == name) return a;
+  }
+  throw_error(Errc::kInvalidArgument, fmt::format("no algorithm '{}' for {}", name, coll::kind_name(kind)));
+}
+
+void run_collective(const coll::Group& group, const coll::CollArgs& args, std::string_view algorithm,
+                    transport::Tag base_tag, std::chrono::milliseconds timeout) {
+  const coll::Algorithm& a = find_algorithm(args.kind, algorithm);
+  if (!a.accepts(args, group)) {
+    throw_error(Errc::kInvalidArgument, fmt::format("{} declines this {}", algorithm, coll::kind_name(args.kind)));
+  }
+  auto task = a.create(args, group, base_tag);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!task->progress()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw_error(Errc::kTimeout, fmt::format("{} {} did not finish within {} ms", algorithm,
+                                              coll::kind_name(args.kind), timeout.count()));
+    }
+  }
+}
+
+}  // namespace dlop::test

@@ -162,6 +162,22 @@ void Mesh::wait_for_events(std::chrono::milliseconds timeout) {
   worker_.wait_for_events(std::min(timeout, options_.watchdog));
 }
 
+std::vector<int> Mesh::pending_peers() const {
+  std::vector<bool> pending(peers_.size(), false);
+  for (const detail::RequestSlot* slot = pending_.next; slot != &pending_; slot = slot->next) {
+    if (slot->peer >= 0) pending[static_cast<std::size_t>(slot->peer)] = true;
+  }
+  std::vector<int> ranks;
+  for (std::size_t r = 0; r < pending.size(); ++r) {
+    if (pending[r]) ranks.push_back(static_cast<int>(r));
+  }
+  return ranks;
+}
+
+int Mesh::event_fd() const { return worker_.event_fd(); }
+
+bool Mesh::arm() { return worker_.arm(); }
+
 void Mesh::mark_dead(int peer, const std::string& reason) {
   Peer& p = peers_.at(static_cast<std::size_t>(peer));
   if (p.failure) return;

@@ -63,11 +63,16 @@ bool UcxWorker::progress() {
   return any;
 }
 
-void UcxWorker::wait_for_events(std::chrono::milliseconds timeout) {
-  if (progress() || event_fd_ < 0) return;
+bool UcxWorker::arm() {
+  if (event_fd_ < 0) return false;
   const ucs_status_t status = ucp_worker_arm(worker_.get());
-  if (status == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress them first
+  if (status == UCS_ERR_BUSY) return false;  // events arrived meanwhile: progress them first
   check_ucs(status, "ucp_worker_arm");
+  return true;
+}
+
+void UcxWorker::wait_for_events(std::chrono::milliseconds timeout) {
+  if (progress() || !arm()) return;
   pollfd fd{event_fd_, POLLIN, 0};
   ::poll(&fd, 1, static_cast<int>(timeout.count()));
 }

@@ -94,6 +94,14 @@ class Mesh {
   }
   // "rank 3 (pid 1234 on host h)", for error messages.
   std::string describe(int peer) const;
+  // Ranks that requests are pending toward (ascending, no duplicates; any-source
+  // receives are not counted): who has not answered yet.
+  std::vector<int> pending_peers() const;
+  // The worker's event fd for callers that poll it with other fds (-1: none).
+  int event_fd() const;
+  // Arms the worker for events; false if there are events to progress first.
+  bool arm();
+
   // Runs the liveness check now; returns the number of peers newly found dead.
   int check_peers();
 

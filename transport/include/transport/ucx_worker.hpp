@@ -39,6 +39,9 @@ class UcxWorker {
   // support it just progresses once.
   void wait_for_events(std::chrono::milliseconds timeout);
   bool can_sleep() const { return event_fd_ >= 0; }
+  int event_fd() const { return event_fd_; }
+  // Arms the event fd; false (and nothing armed) if events are waiting to be progressed.
+  bool arm();
 
  private:
   struct ContextDeleter { void operator()(ucp_context*) const; };

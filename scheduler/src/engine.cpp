@@ -1,0 +1,251 @@
+#include "engine.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "signature_check.hpp"
+
+namespace dlop::sched {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A send or receive of Communicator::send/recv, as a task.
+class P2pTask : public coll::Task {
+ public:
+  explicit P2pTask(transport::Request request) : request_(std::move(request)) {}
+  bool progress() override { return request_.test(); }
+  const transport::Request& request() const { return request_; }
+
+ private:
+  transport::Request request_;
+};
+
+transport::Tag op_tag(const detail::OpState& op) {
+  const auto comm = static_cast<transport::Tag>(op.comm->id) << kCommShift;
+  if (op.p2p) return comm | kP2pBit | op.tag;
+  return comm | ((op.seq & kSeqMask) << kSeqShift);
+}
+
+}  // namespace
+
+Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures)
+    : worker_(std::make_unique<transport::UcxWorker>()),
+      mesh_(std::make_unique<transport::Mesh>(*worker_, bootstrap)),
+      overrides_(coll::AlgorithmOverrides::parse(config().algo)),
+      check_signatures_(check_signatures) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw_errno("eventfd");
+  thread_ = std::thread([this] { thread_main(); });
+}
+
+Engine::~Engine() {
+  stop_.store(true);
+  wake_progress_thread();
+  thread_.join();
+  std::vector<std::shared_ptr<detail::OpState>> left;
+  {
+    std::lock_guard lock(submit_mutex_);
+    left.assign(submitted_.begin(), submitted_.end());
+    submitted_.clear();
+  }
+  left.insert(left.end(), running_.begin(), running_.end());
+  running_.clear();
+  for (auto& op : left) {
+    op->task.reset();
+    op->complete(std::make_exception_ptr(Error(Errc::kCanceled, "dlop: the engine shut down before " + op->describe() + " finished")));
+  }
+  try {
+    mesh_->fence(std::chrono::milliseconds(2000));  // let peers finish what needs our progress
+  } catch (const std::exception& e) {
+    log().info("engine shutdown: fence incomplete: {}", e.what());
+  }
+  ::close(wake_fd_);
+}
+
+void Engine::reserve_comm_id(int id) {
+  if (id >= kMaxComms) throw_error(Errc::kInvalidArgument, fmt::format("more than {} communicators", kMaxComms));
+  int current = next_comm_id_.load();
+  while (current <= id && !next_comm_id_.compare_exchange_weak(current, id + 1)) {
+  }
+}
+
+void Engine::submit(std::shared_ptr<detail::OpState> op) {
+  const bool wake = !op->caller_waits;
+  {
+    std::lock_guard lock(submit_mutex_);
+    if (!op->p2p) op->seq = op->comm->next_seq++;  // in queue order
+    submitted_.push_back(std::move(op));
+    has_submitted_.store(true, std::memory_order_release);
+  }
+  if (wake) wake_progress_thread();
+}
+
+void Engine::wake_progress_thread() {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto written = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void Engine::try_progress() {
+  std::vector<std::shared_ptr<detail::OpState>> finished;
+  {
+    std::unique_lock lock(engine_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    progress_locked(finished);
+  }
+  finish_all(finished);
+}
+
+void Engine::finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished) {
+  for (auto& op : finished) op->complete(op->error);
+  finished.clear();
+}
+
+void Engine::fail(detail::OpState& op, std::exception_ptr error) {
+  op.error = error;
+  op.task.reset();
+  if (!op.p2p && op.comm->broken.empty()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      op.comm->broken = e.what();
+    }
+  }
+}
+
+void Engine::start(const std::shared_ptr<detail::OpState>& op) {
+  try {
+    if (!op->comm->broken.empty()) {
+      throw_error(Errc::kCanceled, fmt::format("{} refused: the communicator failed earlier: {}", op->describe(),
+                                               op->comm->broken));
+    }
+    const coll::Group& group = *op->comm->group;
+    const transport::Tag tag = op_tag(*op);
+    if (op->p2p) {
+      const std::size_t bytes = op->args.count * op->args.element_size();
+      if (op->p2p_send) {
+        op->task = std::make_unique<P2pTask>(group.send(op->peer, op->args.send, bytes, tag));
+      } else if (op->peer >= 0) {
+        op->task = std::make_unique<P2pTask>(group.recv(op->peer, op->args.recv, bytes, tag));
+      } else {
+        op->task = std::make_unique<P2pTask>(mesh_->recv_any(op->args.recv, bytes, tag));
+      }
+      return;
+    }
+    const coll::Algorithm& algorithm = coll::select_algorithm(op->args, group, overrides_);
+    log().debug("{}: algorithm {}", op->describe(), algorithm.name);
+    op->task = check_signatures_ ? make_signature_checked(op->args, group, tag, op->seq, algorithm)
+                                     : algorithm.create(op->args, group, tag);
+  } catch (...) {
+    fail(*op, std::current_exception());
+  }
+}
+
+bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished) {
+  if (has_submitted_.load(std::memory_order_acquire)) {
+    std::deque<std::shared_ptr<detail::OpState>> batch;
+    {
+      std::lock_guard lock(submit_mutex_);
+      batch.swap(submitted_);
+      has_submitted_.store(false, std::memory_order_relaxed);
+    }
+    for (auto& op : batch) {
+      start(op);
+      running_.push_back(std::move(op));
+    }
+  }
+  if (running_.empty()) return false;
+  mesh_->progress();
+  const auto now = Clock::now();
+  for (auto& op : running_) {
+    if (!op->task) {
+      finished.push_back(op);
+      continue;
+    }
+    try {
+      if (op->task->progress()) {
+        if (op->p2p && !op->p2p_send) {
+          const int mesh_rank = static_cast<const P2pTask&>(*op->task).request().source();
+          for (int r = 0; r < op->comm->group->size(); ++r) {
+            if (op->comm->group->mesh_rank(r) == mesh_rank) op->source = r;
+          }
+        }
+        op->task.reset();
+        finished.push_back(op);
+      } else if (now >= op->deadline) {
+        throw_error(Errc::kTimeout, fmt::format("{} timed out after {} ms; ranks with messages still pending: {}",
+                                                op->describe(), op->timeout.count(), mesh_->pending_peers()));
+      }
+    } catch (...) {
+      fail(*op, std::current_exception());
+      finished.push_back(op);
+    }
+  }
+  if (!finished.empty()) {
+    std::erase_if(running_, [](const auto& op) { return !op->task; });
+  }
+  return !running_.empty();
+}
+
+void Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {mesh_->event_fd(), POLLIN, 0}};
+  ::poll(fds, (with_ucx && fds[1].fd >= 0) ? 2 : 1, timeout_ms);
+  std::uint64_t drained = 0;
+  [[maybe_unused]] const auto got = ::read(wake_fd_, &drained, sizeof(drained));
+}
+
+void Engine::thread_main() {
+  ::pthread_setname_np(::pthread_self(), "dlop-progress");
+  constexpr int kSpinPasses = 200;  // passes without news before sleeping
+  std::vector<std::shared_ptr<detail::OpState>> finished;
+  int idle_passes = 0;
+  while (!stop_.load()) {
+    std::unique_lock lock(engine_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {  // a waiting caller drives progress now
+      lock = {};
+      sleep_until_woken(1, false);
+      continue;
+    }
+    const bool had = !running_.empty();
+    const bool running = progress_locked(finished);
+    idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
+    const bool sleep = !running || (idle_passes > kSpinPasses && mesh_->arm());
+    lock.unlock();
+    finish_all(finished);
+    if (sleep) {
+      // Running ops: UCX's event fd wakes us (and a short timeout bounds the
+      // wait for timeouts and the watchdog). Idle: only a submitter does.
+      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
+      idle_passes = 0;
+    }
+  }
+}
+
+void Engine::abort(const std::shared_ptr<CommState>& comm, const std::string& reason) {
+  std::vector<std::shared_ptr<detail::OpState>> finished;
+  {
+    std::lock_guard lock(engine_mutex_);
+    {
+      std::lock_guard submit_lock(submit_mutex_);
+      for (auto& op : submitted_) running_.push_back(op);
+      submitted_.clear();
+    }
+    comm->broken = "aborted: " + reason;
+    for (auto& op : running_) {
+      if (op->comm == comm) {
+        fail(*op, std::make_exception_ptr(Error(Errc::kCanceled, fmt::format("{} aborted: {}", op->describe(), reason))));
+        finished.push_back(op);
+      }
+    }
+    std::erase_if(running_, [&](const auto& op) { return op->comm == comm; });
+  }
+  finish_all(finished);
+}
+
+}  // namespace dlop::sched

@@ -1,0 +1,105 @@
+#include "scheduler/handle.hpp"
+
+#include <fmt/format.h>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "engine.hpp"
+#include "op_state.hpp"
+
+namespace dlop::sched {
+namespace detail {
+
+std::string OpState::describe() const {
+  if (p2p) {
+    return fmt::format("{} of {} x {} {} rank {} (tag {}) on communicator {}", p2p_send ? "send" : "recv", args.count,
+                       coll::dtype_name(args.dtype), p2p_send ? "to" : "from", peer < 0 ? std::string("any") : std::to_string(peer),
+                       tag, comm->id);
+  }
+  const bool reduces = args.kind == coll::CollKind::kAllreduce || args.kind == coll::CollKind::kReduce ||
+                       args.kind == coll::CollKind::kReduceScatter || args.kind == coll::CollKind::kReduceScatterv;
+  return fmt::format("{} #{} ({} x {}{}) on communicator {}", coll::kind_name(args.kind), seq, args.count,
+                     coll::dtype_name(args.dtype), reduces ? fmt::format(", {}", coll::op_name(args.op)) : "", comm->id);
+}
+
+void OpState::complete(std::exception_ptr failure) {
+  std::vector<std::function<void(std::exception_ptr)>> to_run;
+  {
+    std::lock_guard lock(mutex);
+    error = failure;
+    status.store(failure ? kFailed : kDone, std::memory_order_release);
+    to_run.swap(callbacks);
+  }
+  finished.notify_all();
+  for (auto& callback : to_run) callback(failure);
+}
+
+}  // namespace detail
+
+bool Handle::test() const {
+  if (!state_) return true;
+  if (!state_->done()) {
+    if (auto engine = state_->engine.lock()) engine->try_progress();
+  }
+  return state_->done();
+}
+
+void Handle::wait() const {
+  if (state_) wait(state_->timeout);
+}
+
+void Handle::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto& cfg = config();
+  const auto engine = state_->engine.lock();  // null once shut down: every op is complete then
+  const auto spin_until = cfg.progress == ProgressMode::kSpin    ? Clock::time_point::max()
+                          : cfg.progress == ProgressMode::kSleep ? start
+                                                                 : start + cfg.spin;
+  // Drive progress ourselves while spinning; then let the progress thread work
+  // and sleep until it finishes the operation.
+  auto now = start;
+  while (engine && !state_->done() && now < deadline) {
+    if (now < spin_until) {
+      for (int i = 0; i < 16 && !state_->done(); ++i) engine->try_progress();
+    } else {
+      engine->wake_progress_thread();
+      std::unique_lock lock(state_->mutex);
+      state_->finished.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(10)),
+                                  [&] { return state_->done(); });
+    }
+    now = Clock::now();
+  }
+  if (!state_->done()) {
+    throw_error(Errc::kTimeout, fmt::format("waited {} ms for {}; it is still running", timeout.count(), state_->describe()));
+  }
+  if (state_->status.load(std::memory_order_acquire) == detail::OpState::kFailed) std::rethrow_exception(state_->error);
+}
+
+std::exception_ptr Handle::error() const {
+  if (!state_ || !state_->done()) return nullptr;
+  return state_->error;
+}
+
+void Handle::on_complete(std::function<void(std::exception_ptr)> callback) const {
+  if (!state_) {
+    callback(nullptr);
+    return;
+  }
+  {
+    std::lock_guard lock(state_->mutex);
+    if (!state_->done()) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(state_->error);
+}
+
+int Handle::source() const { return state_ && state_->done() ? state_->source : -1; }
+
+std::string Handle::describe() const { return state_ ? state_->describe() : "nothing"; }
+
+}  // namespace dlop::sched

@@ -1,0 +1,16 @@
+// DLOP_DEBUG=detail: before an operation runs, every rank sends a signature
+// of it (kind, count, dtype, reduction, root, sequence number) to every other
+// rank, and a mismatch fails the operation on every rank, naming both sides.
+#pragma once
+
+#include <memory>
+
+#include "collectives/registry.hpp"
+
+namespace dlop::sched {
+
+std::unique_ptr<coll::Task> make_signature_checked(const coll::CollArgs& args, const coll::Group& group,
+                                                   transport::Tag base_tag, std::uint64_t seq,
+                                                   const coll::Algorithm& algorithm);
+
+}  // namespace dlop::sched

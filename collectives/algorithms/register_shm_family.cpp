@@ -1,8 +1,11 @@
-// Registration of the shm family algorithms (filled in as they are written).
+// Registration of the intra-host algorithms that read or write peers' memory
+// directly instead of sending messages.
 #include "collectives/registry.hpp"
 
 namespace dlop::coll {
 
-void register_shm_family(std::vector<Algorithm>& /*out*/) {}
+void register_cma_allreduce(std::vector<Algorithm>& out);  // allreduce_cma.cpp
+
+void register_shm_family(std::vector<Algorithm>& out) { register_cma_allreduce(out); }
 
 }  // namespace dlop::coll

@@ -21,9 +21,9 @@ struct TuningRule {
 };
 
 constexpr TuningRule kTuning[] = {
-    {CollKind::kAllreduce, kAny, "shm"},
-    {CollKind::kAllreduce, kAny, "hierarchical"},
     {CollKind::kAllreduce, 16u << 10, "recursive_doubling"},
+    {CollKind::kAllreduce, kAny, "cma"},
+    {CollKind::kAllreduce, kAny, "hierarchical"},
     {CollKind::kAllreduce, 1u << 20, "rabenseifner"},
     {CollKind::kAllreduce, kAny, "ring"},
     {CollKind::kReduceScatter, kAny, "ring"},

@@ -1,0 +1,177 @@
+// All-reduce among ranks of one host by single-copy reads of the peers'
+// buffers (Linux cross-memory attach, process_vm_readv): each rank reduces
+// its own block, reading every peer's block once into a cache-sized scratch
+// buffer, then copies the other reduced blocks straight from their owners'
+// output buffers. Per rank that is about 2.5 S bytes of memory traffic for
+// S bytes, against 3.5 S or more for copies through a shared segment.
+//
+// Steps (tags base+0..2): exchange buffer addresses; reduce own block; tell
+// everyone; copy the others' blocks; tell everyone (so that no rank returns
+// while a peer still reads its buffers).
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "blocks.hpp"
+#include "collectives/reduce.hpp"
+#include "collectives/registry.hpp"
+#include "core/error.hpp"
+
+namespace dlop::coll {
+namespace {
+
+constexpr std::size_t kChunkBytes = 256u << 10;  // fits in L2 with room to spare
+
+struct Exposed {  // what a rank tells its peers
+  std::int64_t pid;
+  std::uint64_t send;
+  std::uint64_t recv;
+};
+
+// Whether this process may read another's memory (seccomp may forbid it).
+bool cma_permitted() {
+  static const bool permitted = [] {
+    char source = 1, target = 0;
+    iovec local{&target, 1}, remote{&source, 1};
+    return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) == 1;
+  }();
+  return permitted;
+}
+
+void read_peer(std::int64_t pid, void* into, std::uint64_t from, std::size_t bytes, int peer) {
+  iovec local{into, bytes};
+  iovec remote{reinterpret_cast<void*>(from), bytes};
+  const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+  if (got != static_cast<ssize_t>(bytes)) {
+    throw_error(got < 0 && errno == ESRCH ? Errc::kPeerDead : Errc::kTransport,
+                fmt::format("cma all-reduce: reading {} B from rank {} (pid {}) failed: {}", bytes, peer, pid,
+                            got < 0 ? std::strerror(errno) : "short read"));
+  }
+}
+
+class CmaAllreduce : public Task {
+ public:
+  CmaAllreduce(const CollArgs& args, const Group& group, transport::Tag tag)
+      : args_(args), group_(group), tag_(tag), n_(group.size()), me_(group.rank()),
+        size_(dtype_size(args.dtype)), exposed_(static_cast<std::size_t>(n_)), scratch_(kChunkBytes) {
+    mine_ = {::getpid(), reinterpret_cast<std::uintptr_t>(args.send), reinterpret_cast<std::uintptr_t>(args.recv)};
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      requests_.add(group.recv(r, &exposed_[static_cast<std::size_t>(r)], sizeof(Exposed), tag_));
+      requests_.add(group.send(r, &mine_, sizeof(Exposed), tag_));
+    }
+    exposed_[static_cast<std::size_t>(me_)] = mine_;
+  }
+
+  bool progress() override {
+    if (!requests_.test_all()) return false;
+    switch (phase_) {
+      case Phase::kReduce:
+        if (!reduce_some()) return false;
+        finalize(args_.op, args_.dtype, byte_ptr(args_.recv) + block_offset(me_), block_count(me_), n_);
+        notify_all(1);
+        phase_ = Phase::kGather;
+        return false;
+      case Phase::kGather:
+        if (!gather_some()) return false;
+        notify_all(2);
+        phase_ = Phase::kDone;
+        return requests_.test_all();
+      case Phase::kDone:
+        return true;
+    }
+    return false;
+  }
+
+ private:
+  enum class Phase { kReduce, kGather, kDone };
+
+  static std::byte* byte_ptr(void* p) { return static_cast<std::byte*>(p); }
+  std::size_t block_count(int r) const {
+    const auto parts = static_cast<std::size_t>(n_), i = static_cast<std::size_t>(r);
+    return even_block_offset(args_.count, parts, i + 1) - even_block_offset(args_.count, parts, i);
+  }
+  std::size_t block_offset(int r) const {
+    return even_block_offset(args_.count, static_cast<std::size_t>(n_), static_cast<std::size_t>(r)) * size_;
+  }
+
+  void notify_all(transport::Tag step) {
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      requests_.add(group_.recv(r, nullptr, 0, tag_ + step));
+      requests_.add(group_.send(r, nullptr, 0, tag_ + step));
+    }
+  }
+
+  // Reduces one chunk of this rank's block from every peer; true when the block is done.
+  bool reduce_some() {
+    const std::size_t block_bytes = block_count(me_) * size_;
+    if (done_bytes_ >= block_bytes) return true;
+    const std::size_t chunk = std::min(kChunkBytes / size_ * size_, block_bytes - done_bytes_);
+    const std::size_t offset = block_offset(me_) + done_bytes_;
+    std::byte* out = byte_ptr(args_.recv) + offset;
+    const auto* own = static_cast<const std::byte*>(args_.send) + offset;
+    bool first = true;
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      const Exposed& peer = exposed_[static_cast<std::size_t>(r)];
+      read_peer(peer.pid, scratch_.data(), peer.send + offset, chunk, r);
+      if (first) reduce_into(args_.op, args_.dtype, out, own, scratch_.data(), chunk / size_);
+      else reduce_inplace(args_.op, args_.dtype, out, scratch_.data(), chunk / size_);
+      first = false;
+    }
+    done_bytes_ += chunk;
+    return done_bytes_ >= block_bytes;
+  }
+
+  // Copies one chunk of a peer's reduced block into the output; true when all are copied.
+  bool gather_some() {
+    while (gather_rank_ < n_) {
+      const int r = gather_rank_;
+      const std::size_t block_bytes = r == me_ ? 0 : block_count(r) * size_;
+      if (gather_done_ < block_bytes) {
+        const std::size_t chunk = std::min<std::size_t>(4 * kChunkBytes, block_bytes - gather_done_);
+        const std::size_t offset = block_offset(r) + gather_done_;
+        read_peer(exposed_[static_cast<std::size_t>(r)].pid, byte_ptr(args_.recv) + offset,
+                  exposed_[static_cast<std::size_t>(r)].recv + offset, chunk, r);
+        gather_done_ += chunk;
+        return false;
+      }
+      ++gather_rank_;
+      gather_done_ = 0;
+    }
+    return true;
+  }
+
+  CollArgs args_;
+  const Group& group_;
+  transport::Tag tag_;
+  int n_;
+  int me_;
+  std::size_t size_;
+  Exposed mine_{};
+  std::vector<Exposed> exposed_;
+  std::vector<std::byte> scratch_;
+  RequestSet requests_;
+  Phase phase_ = Phase::kReduce;
+  std::size_t done_bytes_ = 0;
+  int gather_rank_ = 0;
+  std::size_t gather_done_ = 0;
+};
+
+}  // namespace
+
+void register_cma_allreduce(std::vector<Algorithm>& out) {
+  out.push_back({CollKind::kAllreduce, "cma",
+                 [](const CollArgs& args, const Group& group) {
+                   return group.size() >= 2 && group.hosts() == 1 && args.count > 0 && cma_permitted();
+                 },
+                 [](const CollArgs& args, const Group& group, transport::Tag tag) -> std::unique_ptr<Task> {
+                   return std::make_unique<CmaAllreduce>(args, group, tag);
+                 }});
+}
+
+}  // namespace dlop::coll

@@ -41,15 +41,27 @@ bool cma_permitted() {
   return permitted;
 }
 
-void read_peer(std::int64_t pid, void* into, std::uint64_t from, std::size_t bytes, int peer) {
+// A failed read usually means the peer is gone (ESRCH) or going (EFAULT while
+// its memory is torn down), often because a third rank died and the peer gave
+// up on the collective: name the dead rank if there is one.
+[[noreturn]] void read_failed(const Group& group, int peer, std::int64_t pid, std::size_t bytes, ssize_t got, int err) {
+  group.mesh().check_peers();
+  for (int r = 0; r < group.size(); ++r) {
+    if (const auto& failure = group.mesh().peer_failure(group.mesh_rank(r))) {
+      throw_error(Errc::kPeerDead, fmt::format("cma all-reduce: {} died ({})", group.mesh().describe(group.mesh_rank(r)),
+                                               *failure));
+    }
+  }
+  throw_error(err == ESRCH || err == EFAULT ? Errc::kPeerDead : Errc::kTransport,
+              fmt::format("cma all-reduce: reading {} B from rank {} (pid {}) failed: {}", bytes, peer, pid,
+                          got < 0 ? std::strerror(err) : "short read"));
+}
+
+void read_peer(const Group& group, int peer, std::int64_t pid, void* into, std::uint64_t from, std::size_t bytes) {
   iovec local{into, bytes};
   iovec remote{reinterpret_cast<void*>(from), bytes};
   const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-  if (got != static_cast<ssize_t>(bytes)) {
-    throw_error(got < 0 && errno == ESRCH ? Errc::kPeerDead : Errc::kTransport,
-                fmt::format("cma all-reduce: reading {} B from rank {} (pid {}) failed: {}", bytes, peer, pid,
-                            got < 0 ? std::strerror(errno) : "short read"));
-  }
+  if (got != static_cast<ssize_t>(bytes)) read_failed(group, peer, pid, bytes, got, errno);
 }
 
 class CmaAllreduce : public Task {
@@ -118,7 +130,7 @@ class CmaAllreduce : public Task {
     for (int r = 0; r < n_; ++r) {
       if (r == me_) continue;
       const Exposed& peer = exposed_[static_cast<std::size_t>(r)];
-      read_peer(peer.pid, scratch_.data(), peer.send + offset, chunk, r);
+      read_peer(group_, r, peer.pid, scratch_.data(), peer.send + offset, chunk);
       if (first) reduce_into(args_.op, args_.dtype, out, own, scratch_.data(), chunk / size_);
       else reduce_inplace(args_.op, args_.dtype, out, scratch_.data(), chunk / size_);
       first = false;
@@ -135,8 +147,8 @@ class CmaAllreduce : public Task {
       if (gather_done_ < block_bytes) {
         const std::size_t chunk = std::min<std::size_t>(4 * kChunkBytes, block_bytes - gather_done_);
         const std::size_t offset = block_offset(r) + gather_done_;
-        read_peer(exposed_[static_cast<std::size_t>(r)].pid, byte_ptr(args_.recv) + offset,
-                  exposed_[static_cast<std::size_t>(r)].recv + offset, chunk, r);
+        read_peer(group_, r, exposed_[static_cast<std::size_t>(r)].pid, byte_ptr(args_.recv) + offset,
+                  exposed_[static_cast<std::size_t>(r)].recv + offset, chunk);
         gather_done_ += chunk;
         return false;
       }

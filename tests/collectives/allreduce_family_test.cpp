@@ -1,0 +1,258 @@
+// Allreduce between real processes: every algorithm x ranks x counts, the
+// full dtype x op matrix at small counts and representative pairs at 1Mi+3
+// elements, in and out of place, checked against an exact reference; several
+// allreduces in flight at once; and bitwise-identical float results on every
+// rank. Reduce-scatter and allgather have their own files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "reduction_check.hpp"
+
+namespace dlop::coll {
+namespace {
+
+using namespace ref;
+
+constexpr const char* kAlgorithms[] = {"ring", "recursive_doubling", "rabenseifner"};
+constexpr std::size_t kSmallCounts[] = {0, 1, 7, 1023};
+
+std::uint64_t seed_of(DataType dtype, ReduceOp op, std::size_t count) {
+  return mix(static_cast<std::uint64_t>(dtype) * 131 + static_cast<std::uint64_t>(op) * 7 + count);
+}
+
+CollArgs allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
+  CollArgs args;
+  args.kind = CollKind::kAllreduce;
+  args.dtype = dtype;
+  args.op = op;
+  args.count = count;
+  return args;
+}
+
+// One allreduce of rank-dependent inputs, checked on this rank.
+template <typename NextTag>
+void allreduce_case(const Group& g, NextTag& next_tag, const char* algo, DataType dtype, ReduceOp op,
+                    std::size_t count, bool in_place) {
+  const std::uint64_t seed = seed_of(dtype, op, count);
+  const std::size_t bytes = count * dtype_size(dtype);
+  auto input = make_input(dtype, op, g.rank(), count, seed);
+  std::vector<std::byte> output(in_place ? 0 : bytes + kGuardBytes, std::byte{kGuard});
+  CollArgs args = allreduce_args(dtype, op, count);
+  args.send = input.data();
+  args.recv = in_place ? input.data() : output.data();
+  run(g, args, algo, next_tag());
+  const auto& result = in_place ? input : output;
+  const std::string what = std::string(algo) + (in_place ? " in place" : " out of place");
+  check_reduced(dtype, op, g.size(), result.data(), 0, count, seed, what);
+  EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
+  if (!in_place) {
+    EXPECT_EQ(input, make_input(dtype, op, g.rank(), count, seed)) << what << ": input modified";
+  }
+}
+
+std::string algo_ranks_name(const char* algo, int ranks) { return std::string(algo) + "_ranks" + std::to_string(ranks); }
+
+// --- the full matrix at small counts ---------------------------------------
+
+class AllreduceSmall : public ::testing::TestWithParam<std::tuple<const char*, int, std::size_t>> {};
+
+TEST_P(AllreduceSmall, EveryDtypeAndOpInAndOutOfPlace) {
+  const auto [algo, ranks, count] = GetParam();
+  on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
+    for (const DataType dtype : kAllDtypes) {
+      for (const ReduceOp op : kAllOps) {
+        if (!supports(op, dtype)) continue;
+        for (const bool in_place : {false, true}) allreduce_case(g, next_tag, algo, dtype, op, count, in_place);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AllreduceSmall,
+                         ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::ValuesIn(kSmallCounts)),
+                         [](const auto& param_info) {
+                           return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)) + "_count" +
+                                  std::to_string(std::get<2>(param_info.param));
+                         });
+
+// --- representative pairs at 1Mi+3 elements ----------------------------------
+
+class AllreduceLarge : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(AllreduceLarge, RepresentativePairs) {
+  const auto [algo, ranks] = GetParam();
+  struct Pair {
+    DataType dtype;
+    ReduceOp op;
+    bool in_place;
+  };
+  constexpr Pair kPairs[] = {
+      {DataType::kFloat32, ReduceOp::kSum, false}, {DataType::kFloat64, ReduceOp::kMax, true},
+      {DataType::kBFloat16, ReduceOp::kAvg, false}, {DataType::kInt64, ReduceOp::kProd, true},
+      {DataType::kInt64, ReduceOp::kBxor, false},  {DataType::kUInt8, ReduceOp::kMin, true},
+  };
+  on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
+    for (const Pair& p : kPairs) allreduce_case(g, next_tag, algo, p.dtype, p.op, kLargeCount, p.in_place);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AllreduceLarge,
+                         ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(1, 2, 3, 4, 5)),
+                         [](const auto& param_info) {
+                           return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)) + "_count" +
+                                  std::to_string(kLargeCount);
+                         });
+
+// --- several allreduces in flight on one group -------------------------------
+
+class AllreduceConcurrent : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllreduceConcurrent, FourInFlightProgressedRoundRobin) {
+  struct Op {
+    const char* algo;
+    DataType dtype;
+    ReduceOp op;
+    std::size_t count;
+  };
+  constexpr Op kOps[] = {
+      {"ring", DataType::kFloat32, ReduceOp::kSum, 300001},        // several chunks per block
+      {"recursive_doubling", DataType::kInt32, ReduceOp::kMax, 100003},
+      {"rabenseifner", DataType::kBFloat16, ReduceOp::kAvg, 700001},  // two slices
+      {"ring", DataType::kInt64, ReduceOp::kBxor, 1023},
+  };
+  on_ranks(GetParam(), [&](const Group& g, auto next_tag, transport::Bootstrap&) {
+    std::vector<std::vector<std::byte>> inputs, outputs;
+    std::vector<std::unique_ptr<Task>> tasks;
+    for (const Op& o : kOps) {
+      const std::uint64_t seed = seed_of(o.dtype, o.op, o.count);
+      inputs.push_back(make_input(o.dtype, o.op, g.rank(), o.count, seed));
+      outputs.emplace_back(o.count * dtype_size(o.dtype) + kGuardBytes, std::byte{kGuard});
+      CollArgs args = allreduce_args(o.dtype, o.op, o.count);
+      args.send = inputs.back().data();
+      args.recv = outputs.back().data();
+      tasks.push_back(test::find_algorithm(CollKind::kAllreduce, o.algo).create(args, g, next_tag()));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    std::vector<bool> done(tasks.size(), false);
+    while (std::count(done.begin(), done.end(), false) > 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "concurrent allreduces did not finish";
+      for (std::size_t i = 0; i < tasks.size(); ++i) {
+        if (!done[i]) done[i] = tasks[i]->progress();
+      }
+    }
+    for (std::size_t i = 0; i < std::size(kOps); ++i) {
+      const Op& o = kOps[i];
+      check_reduced(o.dtype, o.op, g.size(), outputs[i].data(), 0, o.count, seed_of(o.dtype, o.op, o.count),
+                    std::string("concurrent ") + o.algo);
+      EXPECT_TRUE(guard_intact(outputs[i], o.count * dtype_size(o.dtype))) << o.algo << ": wrote past the end";
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllreduceConcurrent, ::testing::Values(2, 3, 4, 5),
+                         [](const auto& param_info) { return "ranks" + std::to_string(param_info.param); });
+
+// --- bitwise identical float results on every rank ---------------------------
+
+// Random floats with full mantissas (sums round differently in another
+// order), a few signed zeros (min/max of -0.0 and +0.0 depend on the order).
+void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t h = hash(0xF10A7, rank, i);
+    const bool zero = h % 13 == 0;
+    const std::uint64_t sign = (h >> 63) & 1;
+    const std::uint64_t exp = (h >> 40) % 6;  // 2^-2 .. 2^3: no overflow in prod over 5 ranks
+    auto put = [&](auto bits) { std::memcpy(static_cast<std::byte*>(data) + i * sizeof(bits), &bits, sizeof(bits)); };
+    switch (dtype) {
+      case DataType::kFloat32:
+        put(static_cast<std::uint32_t>(sign << 31 | (zero ? 0 : (125 + exp) << 23 | (h & 0x7FFFFF))));
+        break;
+      case DataType::kFloat64:
+        put(static_cast<std::uint64_t>(sign << 63 | (zero ? 0 : (1021 + exp) << 52 | (h & 0xFFFFFFFFFFFFFull))));
+        break;
+      case DataType::kFloat16:
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (13 + exp) << 10 | (h & 0x3FF))));
+        break;
+      default:  // bf16
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (125 + exp) << 7 | (h & 0x7F))));
+        break;
+    }
+  }
+}
+
+std::uint64_t fnv1a(const std::vector<std::byte>& bytes) {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (const std::byte b : bytes) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001B3ull;
+  return h;
+}
+
+class AllreduceBitwise : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(AllreduceBitwise, EveryRankHoldsTheSameFloatBits) {
+  const auto [algo, ranks] = GetParam();
+  constexpr std::size_t kCount = 70001;
+  on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+      for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+        std::vector<std::byte> data(kCount * dtype_size(dtype));
+        fill_random_floats(dtype, data.data(), kCount, g.rank());
+        CollArgs args = allreduce_args(dtype, op, kCount);
+        args.send = args.recv = data.data();
+        run(g, args, algo, next_tag());
+        const std::uint64_t mine = fnv1a(data);
+        transport::Bytes published(sizeof(mine));
+        std::memcpy(published.data(), &mine, sizeof(mine));
+        const auto all = b.allgather(published, 60s);
+        for (int r = 0; r < g.size(); ++r) {
+          EXPECT_EQ(all[static_cast<std::size_t>(r)], published)
+              << algo << " " << pair_name(dtype, op) << ": rank " << r << " holds other bits than rank " << g.rank();
+        }
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AllreduceBitwise,
+                         ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(4, 5)),
+                         [](const auto& param_info) { return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)); });
+
+// --- registration and argument checks ----------------------------------------
+
+TEST(AllreduceFamily, RegistersEveryAlgorithmUnderItsDlopAlgoName) {
+  for (const char* algo : kAlgorithms) EXPECT_NO_THROW(test::find_algorithm(CollKind::kAllreduce, algo)) << algo;
+  EXPECT_NO_THROW(test::find_algorithm(CollKind::kReduceScatter, "ring"));
+  EXPECT_NO_THROW(test::find_algorithm(CollKind::kReduceScatterv, "ring"));
+  EXPECT_NO_THROW(test::find_algorithm(CollKind::kAllgather, "ring"));
+  EXPECT_NO_THROW(test::find_algorithm(CollKind::kAllgather, "bruck"));
+  EXPECT_NO_THROW(test::find_algorithm(CollKind::kAllgatherv, "ring"));
+  const auto forced = AlgorithmOverrides::parse(
+      "allreduce:ring,allreduce:recursive_doubling,allreduce:rabenseifner,reducescatter:ring,reducescatterv:ring,"
+      "allgather:ring,allgather:bruck,allgatherv:ring");
+  EXPECT_EQ(forced.forced.size(), 8u);
+}
+
+TEST(AllreduceFamily, BitwiseReductionOfFloatsIsRefusedBeforeAnythingIsPosted) {
+  on_ranks(2, [](const Group& g, auto next_tag, transport::Bootstrap&) {
+    std::vector<float> data(16, 1.0f);
+    CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kBxor, data.size());
+    args.send = args.recv = data.data();
+    for (const char* algo : kAlgorithms) {
+      try {
+        test::find_algorithm(CollKind::kAllreduce, algo).create(args, g, next_tag());
+        ADD_FAILURE() << algo << " accepted bxor on floats";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::kInvalidArgument) << algo;
+      }
+    }
+    args.kind = CollKind::kReduceScatter;
+    args.count = 8;
+    EXPECT_THROW(test::find_algorithm(CollKind::kReduceScatter, "ring").create(args, g, next_tag()), Error);
+  });
+}
+
+}  // namespace
+}  // namespace dlop::coll

@@ -1,0 +1,120 @@
+#include "reduction_check.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "core/error.hpp"
+
+namespace dlop::coll::ref {
+namespace {
+
+// An exact integer as the dtype stores it (wrapping like the kernels).
+std::int64_t wrap(DataType dtype, std::int64_t v) {
+  switch (dtype) {
+    case DataType::kInt8: return static_cast<std::int8_t>(v);
+    case DataType::kUInt8: return static_cast<std::uint8_t>(v);
+    case DataType::kInt16: return static_cast<std::int16_t>(v);
+    case DataType::kInt32: return static_cast<std::int32_t>(v);
+    default: return v;
+  }
+}
+
+double avg_tolerance(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return 1e-6;
+    case DataType::kFloat64: return 1e-13;
+    case DataType::kFloat16: return 2e-3;
+    default: return 1e-2;  // bf16
+  }
+}
+
+}  // namespace
+
+Expected expected_value(DataType dtype, ReduceOp op, int n, std::size_t i, std::uint64_t seed) {
+  std::int64_t acc = input_value(dtype, op, 0, i, seed);
+  for (int r = 1; r < n; ++r) {
+    const std::int64_t v = input_value(dtype, op, r, i, seed);
+    if (dtype == DataType::kBool) {
+      switch (op) {
+        case ReduceOp::kProd: case ReduceOp::kMin: case ReduceOp::kBand: acc = acc & v; break;
+        case ReduceOp::kBxor: acc = acc ^ v; break;
+        default: acc = acc | v; break;  // sum, avg, max, bor
+      }
+      continue;
+    }
+    switch (op) {
+      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kBand: acc &= v; break;
+      case ReduceOp::kBor: acc |= v; break;
+      case ReduceOp::kBxor: acc ^= v; break;
+    }
+  }
+  Expected e{.exact = acc};
+  if (op == ReduceOp::kAvg && dtype != DataType::kBool) {
+    if (is_floating(dtype)) {
+      e.quotient = static_cast<double>(acc) / n;
+    } else {
+      e.exact = acc / n;  // truncating, as the kernels divide integers
+    }
+  }
+  return e;
+}
+
+std::vector<std::byte> make_input(DataType dtype, ReduceOp op, int rank, std::size_t count, std::uint64_t seed,
+                                  std::size_t extra_elements) {
+  const std::size_t bytes = (count + extra_elements) * dtype_size(dtype);
+  std::vector<std::byte> buffer(bytes + kGuardBytes, std::byte{kGuard});
+  for (std::size_t i = 0; i < count; ++i) store(dtype, buffer.data(), i, input_value(dtype, op, rank, i, seed));
+  return buffer;
+}
+
+void check_reduced(DataType dtype, ReduceOp op, int n, const void* got, std::size_t first, std::size_t count,
+                   std::uint64_t seed, const std::string& what) {
+  std::size_t wrong = 0;
+  std::string first_wrong;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Expected e = expected_value(dtype, op, n, first + i, seed);
+    if (is_floating(dtype)) {
+      const double g = load_float(dtype, got, i);
+      const bool avg = op == ReduceOp::kAvg;
+      const double want = avg ? e.quotient : static_cast<double>(e.exact);
+      if (avg ? std::fabs(g - want) <= avg_tolerance(dtype) * std::max(1.0, std::fabs(want)) : g == want) continue;
+      if (wrong++ == 0) first_wrong = fmt::format("element {}: got {}, expected {}", first + i, g, want);
+    } else {
+      const std::int64_t g = load_int(dtype, got, i);
+      const std::int64_t want = wrap(dtype, e.exact);
+      if (g == want) continue;
+      if (wrong++ == 0) first_wrong = fmt::format("element {}: got {}, expected {}", first + i, g, want);
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << what << " " << pair_name(dtype, op) << ", n=" << n << ", count=" << count << ": "
+                       << wrong << " wrong, first " << first_wrong;
+}
+
+void run(const Group& group, const CollArgs& args, std::string_view algorithm, transport::Tag base_tag) {
+  const Algorithm& a = test::find_algorithm(args.kind, algorithm);
+  if (!a.accepts(args, group)) {
+    throw_error(Errc::kInvalidArgument, fmt::format("{} declines this {}", algorithm, kind_name(args.kind)));
+  }
+  auto task = a.create(args, group, base_tag);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (unsigned idle = 1; !task->progress(); ++idle) {
+    if (idle % 16 != 0) continue;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw_error(Errc::kTimeout, fmt::format("{} {} did not finish within 60 s", algorithm, kind_name(args.kind)));
+    }
+    std::this_thread::yield();
+  }
+}
+
+bool guard_intact(const std::vector<std::byte>& buffer, std::size_t bytes) {
+  return std::all_of(buffer.begin() + static_cast<long>(bytes), buffer.end(),
+                     [](std::byte b) { return b == std::byte{kGuard}; });
+}
+
+}  // namespace dlop::coll::ref

@@ -1,0 +1,190 @@
+// Inputs and references for the reduction tests (allreduce, reduce_scatter).
+//
+// Element i of rank r is a deterministic function of (dtype, op, r, i, seed),
+// chosen so that every rank can compute every rank's input and so that the
+// exact result fits the dtype: small integers for sum/avg/prod (exact in f16
+// and bf16 too), a wider range for min/max, raw bit patterns for the bitwise
+// ops. The reference folds the ranks' inputs in exact arithmetic (int64 or
+// double); only AVG on floats needs a tolerance.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "collectives/registry.hpp"
+#include "common/coll_harness.hpp"
+#include "common/multiprocess.hpp"
+
+namespace dlop::coll::ref {
+
+using namespace std::chrono_literals;
+
+inline constexpr std::size_t kLargeCount = (1u << 20) + 3;
+inline constexpr std::uint8_t kGuard = 0xEE;
+inline constexpr std::size_t kGuardBytes = 64;
+
+constexpr DataType kAllDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+                                   DataType::kInt8,    DataType::kUInt8,   DataType::kInt16,   DataType::kInt32,
+                                   DataType::kInt64,   DataType::kBool};
+constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProd, ReduceOp::kMin,
+                                ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,  ReduceOp::kBxor};
+
+// As test::run_collective, but a rank with nothing to do yields the CPU:
+// with more ranks than cores, ranks that only spin would wait for the
+// scheduler's time slice at every step (about 10x slower at 5 ranks on 2).
+void run(const Group& group, const CollArgs& args, std::string_view algorithm, transport::Tag base_tag);
+
+// Runs body(group, next_tag) on `ranks` processes; each collective gets a fresh base tag.
+template <typename Body>
+void on_ranks(int ranks, Body body) {
+  test::run_ranks(ranks, [&body](transport::Bootstrap& b) {
+    transport::UcxWorker worker;
+    transport::Mesh mesh(worker, b);
+    std::vector<int> members(static_cast<std::size_t>(b.size()));
+    std::iota(members.begin(), members.end(), 0);
+    const Group group(mesh, members);
+    transport::Tag seq = 0;
+    body(group, [&seq] { return ++seq << kStepBits; }, b);
+    mesh.fence(60s);
+  });
+}
+
+inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline std::uint64_t hash(std::uint64_t seed, int rank, std::size_t i) {
+  return mix(seed ^ (static_cast<std::uint64_t>(rank) << 48) ^ (i * 0xD1B54A32D192ED03ull));
+}
+
+// f16 / bf16 of values that are exact in them (the inputs).
+inline std::uint16_t exact_half(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7FFFFFFFu) == 0) return static_cast<std::uint16_t>(bits >> 16);
+  const std::uint32_t exp = ((bits >> 23) & 0xFFu) - 127 + 15;
+  return static_cast<std::uint16_t>(((bits >> 16) & 0x8000u) | (exp << 10) | ((bits >> 13) & 0x3FFu));
+}
+inline float half_value(std::uint16_t h) {
+  const int exp = (h >> 10) & 0x1F;
+  const int mant = h & 0x3FF;
+  const float sign = (h & 0x8000u) != 0 ? -1.0f : 1.0f;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -24);
+  if (exp == 31) return mant != 0 ? NAN : sign * INFINITY;
+  return sign * std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+}
+inline float bf16_value(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline std::uint16_t to_bf16_truncating(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+// Input element i of `rank`, as an exact integer (cast to the dtype when stored).
+inline std::int64_t input_value(DataType dtype, ReduceOp op, int rank, std::size_t i, std::uint64_t seed) {
+  const std::uint64_t h = hash(seed, rank, i);
+  const bool is_unsigned = dtype == DataType::kUInt8;
+  if (dtype == DataType::kBool) return op == ReduceOp::kProd || op == ReduceOp::kBand ? (h % 8 != 0) : (h & 1);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return is_unsigned ? static_cast<std::int64_t>(h % 17) : static_cast<std::int64_t>(h % 17) - 8;
+    case ReduceOp::kProd: {
+      const auto v = static_cast<std::int64_t>(1 + h % 2);
+      return is_unsigned || (h & 4) == 0 ? v : -v;
+    }
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: return is_unsigned ? static_cast<std::int64_t>(h % 201) : static_cast<std::int64_t>(h % 201) - 100;
+    default: break;  // bitwise: the raw bits, as the dtype sees them
+  }
+  switch (dtype) {
+    case DataType::kInt8: return static_cast<std::int8_t>(h);
+    case DataType::kUInt8: return static_cast<std::uint8_t>(h);
+    case DataType::kInt16: return static_cast<std::int16_t>(h);
+    case DataType::kInt32: return static_cast<std::int32_t>(h);
+    default: return static_cast<std::int64_t>(h);
+  }
+}
+
+inline void store(DataType dtype, void* base, std::size_t i, std::int64_t v) {
+  auto put = [&](auto x) { std::memcpy(static_cast<std::byte*>(base) + i * sizeof(x), &x, sizeof(x)); };
+  switch (dtype) {
+    case DataType::kFloat32: return put(static_cast<float>(v));
+    case DataType::kFloat64: return put(static_cast<double>(v));
+    case DataType::kFloat16: return put(exact_half(static_cast<float>(v)));
+    case DataType::kBFloat16: return put(to_bf16_truncating(static_cast<float>(v)));
+    case DataType::kInt8: return put(static_cast<std::int8_t>(v));
+    case DataType::kUInt8:
+    case DataType::kBool: return put(static_cast<std::uint8_t>(v));
+    case DataType::kInt16: return put(static_cast<std::int16_t>(v));
+    case DataType::kInt32: return put(static_cast<std::int32_t>(v));
+    case DataType::kInt64: return put(v);
+  }
+}
+
+// Element i of a buffer: floats as a double, integers exactly.
+inline double load_float(DataType dtype, const void* base, std::size_t i) {
+  auto get = [&](auto x) {
+    std::memcpy(&x, static_cast<const std::byte*>(base) + i * sizeof(x), sizeof(x));
+    return x;
+  };
+  switch (dtype) {
+    case DataType::kFloat32: return get(0.0f);
+    case DataType::kFloat64: return get(0.0);
+    case DataType::kFloat16: return half_value(get(std::uint16_t{}));
+    case DataType::kBFloat16: return bf16_value(get(std::uint16_t{}));
+    default: return 0;
+  }
+}
+inline std::int64_t load_int(DataType dtype, const void* base, std::size_t i) {
+  auto get = [&](auto x) {
+    std::memcpy(&x, static_cast<const std::byte*>(base) + i * sizeof(x), sizeof(x));
+    return static_cast<std::int64_t>(x);
+  };
+  switch (dtype) {
+    case DataType::kInt8: return get(std::int8_t{});
+    case DataType::kUInt8:
+    case DataType::kBool: return get(std::uint8_t{});
+    case DataType::kInt16: return get(std::int16_t{});
+    case DataType::kInt32: return get(std::int32_t{});
+    case DataType::kInt64: return get(std::int64_t{});
+    default: return 0;
+  }
+}
+
+// The exact reduction over ranks 0..n-1 of element i (before the dtype's
+// wrap-around for integers); for AVG on floats, the exact quotient.
+struct Expected {
+  std::int64_t exact = 0;
+  double quotient = 0;  // AVG on floats only
+};
+Expected expected_value(DataType dtype, ReduceOp op, int n, std::size_t i, std::uint64_t seed);
+
+// Buffers of `count` elements of rank's input, followed by guard bytes.
+std::vector<std::byte> make_input(DataType dtype, ReduceOp op, int rank, std::size_t count, std::uint64_t seed,
+                                  std::size_t extra_elements = 0);
+
+// Checks got[0, count) against the reduction of elements [first, first + count)
+// over n ranks; one failure naming the first wrong element and how many are.
+void check_reduced(DataType dtype, ReduceOp op, int n, const void* got, std::size_t first, std::size_t count,
+                   std::uint64_t seed, const std::string& what);
+
+bool guard_intact(const std::vector<std::byte>& buffer, std::size_t bytes);
+
+inline std::string pair_name(DataType dtype, ReduceOp op) {
+  return std::string(dtype_name(dtype)) + "_" + std::string(op_name(op));
+}
+
+}  // namespace dlop::coll::ref

@@ -47,7 +47,9 @@ struct BlockLayout {
   static BlockLayout even(std::size_t count, int parts) {
     std::vector<std::size_t> counts;
     const auto p = static_cast<std::size_t>(parts);
-    for (std::size_t i = 0; i < p; ++i) counts.push_back(even_block_offset(count, p, i + 1) - even_block_offset(count, p, i));
+    for (std::size_t i = 0; i < p; ++i) {
+      counts.push_back(even_block_offset(count, p, i + 1) - even_block_offset(count, p, i));
+    }
     return from_counts(counts);
   }
 

@@ -48,7 +48,8 @@ class RingTask final : public LanePipelineTask {
       const auto to = block(me_ - 1 - step);
       const auto from = block(me_ - 2 - step);
       const void* data = step == 0 ? in(to, column) : slot(lane, step - 1);
-      return {right, data, piece(to, column).count * esize_, left, slot(lane, step), piece(from, column).count * esize_};
+      return {right, data, piece(to, column).count * esize_,
+              left,  slot(lane, step), piece(from, column).count * esize_};
     }
     const int t = step - rs_steps_;
     const auto to = block(me_ - t);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 
 #include "reduction_check.hpp"
 
@@ -27,6 +28,7 @@ struct Variant {
   CollKind kind;
   const char* algo;
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << kind_name(v.kind) << ":" << v.algo; }
 
 std::vector<std::size_t> block_counts(CollKind kind, int n, std::size_t count) {
   std::vector<std::size_t> counts;

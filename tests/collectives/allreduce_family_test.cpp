@@ -53,7 +53,11 @@ void allreduce_case(const Group& g, NextTag& next_tag, const char* algo, DataTyp
   }
 }
 
-std::string algo_ranks_name(const char* algo, int ranks) { return std::string(algo) + "_ranks" + std::to_string(ranks); }
+// "ring_ranks3": test names by algorithm and ranks.
+template <typename Info>
+std::string algo_ranks_name(const Info& info) {
+  return std::string(std::get<0>(info.param)) + "_ranks" + std::to_string(std::get<1>(info.param));
+}
 
 // --- the full matrix at small counts ---------------------------------------
 
@@ -75,8 +79,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, AllreduceSmall,
                          ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(1, 2, 3, 4, 5),
                                             ::testing::ValuesIn(kSmallCounts)),
                          [](const auto& param_info) {
-                           return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)) + "_count" +
-                                  std::to_string(std::get<2>(param_info.param));
+                           const std::size_t count = std::get<2>(param_info.param);
+                           return algo_ranks_name(param_info) + "_count" + std::to_string(count);
                          });
 
 // --- representative pairs at 1Mi+3 elements ----------------------------------
@@ -103,8 +107,7 @@ TEST_P(AllreduceLarge, RepresentativePairs) {
 INSTANTIATE_TEST_SUITE_P(Grid, AllreduceLarge,
                          ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(1, 2, 3, 4, 5)),
                          [](const auto& param_info) {
-                           return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)) + "_count" +
-                                  std::to_string(kLargeCount);
+                           return algo_ranks_name(param_info) + "_count" + std::to_string(kLargeCount);
                          });
 
 // --- several allreduces in flight on one group -------------------------------
@@ -218,7 +221,7 @@ TEST_P(AllreduceBitwise, EveryRankHoldsTheSameFloatBits) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, AllreduceBitwise,
                          ::testing::Combine(::testing::ValuesIn(kAlgorithms), ::testing::Values(4, 5)),
-                         [](const auto& param_info) { return algo_ranks_name(std::get<0>(param_info.param), std::get<1>(param_info.param)); });
+                         [](const auto& param_info) { return algo_ranks_name(param_info); });
 
 // --- registration and argument checks ----------------------------------------
 

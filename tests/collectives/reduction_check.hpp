@@ -106,7 +106,10 @@ inline std::int64_t input_value(DataType dtype, ReduceOp op, int rank, std::size
       return is_unsigned || (h & 4) == 0 ? v : -v;
     }
     case ReduceOp::kMin:
-    case ReduceOp::kMax: return is_unsigned ? static_cast<std::int64_t>(h % 201) : static_cast<std::int64_t>(h % 201) - 100;
+    case ReduceOp::kMax: {
+      const auto v = static_cast<std::int64_t>(h % 201);
+      return is_unsigned ? v : v - 100;
+    }
     default: break;  // bitwise: the raw bits, as the dtype sees them
   }
   switch (dtype) {

@@ -6,6 +6,7 @@
 // folds them here in double and int64, not through the kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -142,7 +143,7 @@ void reduce_once(const Group& g, transport::Tag tag, DataType dtype, ReduceOp op
   args.send = send.data();
   args.recv = g.rank() == root ? recv.data() : nullptr;
   if (in_place && g.rank() == root) {
-    std::memcpy(recv.data(), send.data(), send.size());
+    std::copy(send.begin(), send.end(), recv.begin());
     args.send = recv.data();
   }
   test::run_collective(g, args, "binomial", tag);

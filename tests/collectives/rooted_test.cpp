@@ -1,5 +1,5 @@
 // Broadcast, gather and scatter between real processes: every algorithm x
-// ranks x counts x a few dtypes, from the first and the last rank, in place
+// ranks x counts x a few dtypes, from the first, a middle and the last rank, in place
 // where it applies, checked byte by byte against the senders' patterns.
 // Reduce has its own file (rooted_reduce_test.cpp).
 #include <gtest/gtest.h>
@@ -40,7 +40,11 @@ void on_ranks(int ranks, Body body) {
   });
 }
 
-std::vector<int> roots(int n) { return n == 1 ? std::vector<int>{0} : std::vector<int>{0, n - 1}; }
+// First, last, and one in the middle whose binomial subtrees wrap past rank n - 1 (n = 4, 5).
+std::vector<int> roots(int n) {
+  if (n < 3) return n == 1 ? std::vector<int>{0} : std::vector<int>{0, 1};
+  return {0, (n - 1) / 2, n - 1};
+}
 
 std::uint8_t pattern(int rank, std::size_t i) {
   return static_cast<std::uint8_t>((i * 131u + i / 251u) ^ (static_cast<std::size_t>(rank) * 37u + 1u));
@@ -163,6 +167,7 @@ struct Algo {
   CollKind kind;
   const char* name;
 };
+void PrintTo(const Algo& algo, std::ostream* os) { *os << kind_name(algo.kind) << ":" << algo.name; }
 constexpr Algo kAlgos[] = {
     {CollKind::kBroadcast, "binomial"}, {CollKind::kGather, "linear"},  {CollKind::kGather, "binomial"},
     {CollKind::kScatter, "linear"},     {CollKind::kScatter, "binomial"},

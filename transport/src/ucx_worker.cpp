@@ -58,9 +58,9 @@ Bytes UcxWorker::address() const {
 }
 
 bool UcxWorker::progress() {
-  bool any = false;
-  while (ucp_worker_progress(worker_.get()) != 0) any = true;
-  return any;
+  // One pass: callers loop themselves, and a second, empty pass per test()
+  // costs a measurable share of a 0.2 us round trip.
+  return ucp_worker_progress(worker_.get()) != 0;
 }
 
 bool UcxWorker::arm() {
@@ -72,7 +72,9 @@ bool UcxWorker::arm() {
 }
 
 void UcxWorker::wait_for_events(std::chrono::milliseconds timeout) {
-  if (progress() || !arm()) return;
+  while (progress()) {
+  }
+  if (!arm()) return;
   pollfd fd{event_fd_, POLLIN, 0};
   ::poll(&fd, 1, static_cast<int>(timeout.count()));
 }

@@ -32,7 +32,7 @@ class UcxWorker {
   // This worker's address, to be published through the bootstrap.
   Bytes address() const;
 
-  // Progresses until UCX reports nothing more to do; returns true if it did anything.
+  // One progress pass; true if UCX did anything (call again while it does).
   bool progress();
   // Sleeps on the worker's event fd until something happens or the timeout
   // passes. Returns at once if there are events to progress. Without wake-up

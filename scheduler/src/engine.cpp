@@ -139,7 +139,7 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
       return;
     }
     const coll::Algorithm& algorithm = coll::select_algorithm(op->args, group, overrides_);
-    log().debug("{}: algorithm {}", op->describe(), algorithm.name);
+    if (log().should_log(spdlog::level::debug)) log().debug("{}: algorithm {}", op->describe(), algorithm.name);
     op->task = check_signatures_ ? make_signature_checked(op->args, group, tag, op->seq, algorithm)
                                      : algorithm.create(op->args, group, tag);
   } catch (...) {
@@ -149,16 +149,16 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
 
 bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished) {
   if (has_submitted_.load(std::memory_order_acquire)) {
-    std::deque<std::shared_ptr<detail::OpState>> batch;
     {
       std::lock_guard lock(submit_mutex_);
-      batch.swap(submitted_);
+      starting_.swap(submitted_);  // both keep their capacity: no allocation per op
       has_submitted_.store(false, std::memory_order_relaxed);
     }
-    for (auto& op : batch) {
+    for (auto& op : starting_) {
       start(op);
       running_.push_back(std::move(op));
     }
+    starting_.clear();
   }
   if (running_.empty()) return false;
   mesh_->progress();

@@ -64,7 +64,8 @@ class Engine {
   std::vector<std::shared_ptr<detail::OpState>> running_;
 
   std::mutex submit_mutex_;
-  std::deque<std::shared_ptr<detail::OpState>> submitted_;
+  std::vector<std::shared_ptr<detail::OpState>> submitted_;
+  std::vector<std::shared_ptr<detail::OpState>> starting_;  // engine lock: the batch being started
   std::atomic<bool> has_submitted_{false};
 
   int wake_fd_ = -1;  // eventfd the progress thread sleeps on

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <fmt/format.h>
 
 #include "blocks.hpp"
@@ -45,16 +47,24 @@ bool cma_permitted() {
 // its memory is torn down), often because a third rank died and the peer gave
 // up on the collective: name the dead rank if there is one.
 [[noreturn]] void read_failed(const Group& group, int peer, std::int64_t pid, std::size_t bytes, ssize_t got, int err) {
-  group.mesh().check_peers();
-  for (int r = 0; r < group.size(); ++r) {
-    if (const auto& failure = group.mesh().peer_failure(group.mesh_rank(r))) {
-      throw_error(Errc::kPeerDead, fmt::format("cma all-reduce: {} died ({})", group.mesh().describe(group.mesh_rank(r)),
-                                               *failure));
+  // A peer that saw the death first may already have left and freed its
+  // buffer (EFAULT) while the dying process is still being torn down: give
+  // the liveness check a moment to name the rank that really died.
+  const auto give_up = std::chrono::steady_clock::now() + 2 * group.mesh().options().watchdog + std::chrono::milliseconds(100);
+  do {
+    group.mesh().check_peers();
+    for (int r = 0; r < group.size(); ++r) {
+      if (const auto& failure = group.mesh().peer_failure(group.mesh_rank(r))) {
+        throw_error(Errc::kPeerDead, fmt::format("cma all-reduce: {} died ({})",
+                                                 group.mesh().describe(group.mesh_rank(r)), *failure));
+      }
     }
-  }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (std::chrono::steady_clock::now() < give_up);
   throw_error(err == ESRCH || err == EFAULT ? Errc::kPeerDead : Errc::kTransport,
-              fmt::format("cma all-reduce: reading {} B from rank {} (pid {}) failed: {}", bytes, peer, pid,
-                          got < 0 ? std::strerror(err) : "short read"));
+              fmt::format("cma all-reduce: reading {} B from rank {} (pid {}) failed: {}{}", bytes, peer, pid,
+                          got < 0 ? std::strerror(err) : "short read",
+                          err == EFAULT ? " (it left the collective: it failed or exited)" : ""));
 }
 
 void read_peer(const Group& group, int peer, std::int64_t pid, void* into, std::uint64_t from, std::size_t bytes) {

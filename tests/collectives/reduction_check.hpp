@@ -43,15 +43,8 @@ void run(const Group& group, const CollArgs& args, std::string_view algorithm, t
 // Runs body(group, next_tag) on `ranks` processes; each collective gets a fresh base tag.
 template <typename Body>
 void on_ranks(int ranks, Body body) {
-  test::run_ranks(ranks, [&body](transport::Bootstrap& b) {
-    transport::UcxWorker worker;
-    transport::Mesh mesh(worker, b);
-    std::vector<int> members(static_cast<std::size_t>(b.size()));
-    std::iota(members.begin(), members.end(), 0);
-    const Group group(mesh, members);
-    transport::Tag seq = 0;
-    body(group, [&seq] { return ++seq << kStepBits; }, b);
-    mesh.fence(60s);
+  test::run_on_group(ranks, [&body](transport::Bootstrap& b, const Group& group, const auto& next_tag) {
+    body(group, next_tag, b);
   });
 }
 

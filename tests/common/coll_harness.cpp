@@ -4,7 +4,10 @@
 
 #include <thread>
 
+#include "common/multiprocess.hpp"
 #include "core/error.hpp"
+
+#include <numeric>
 
 namespace dlop::test {
 
@@ -31,6 +34,19 @@ void run_collective(const coll::Group& group, const coll::CollArgs& args, std::s
                                               coll::kind_name(args.kind), timeout.count()));
     }
   }
+}
+
+void run_on_group(int ranks, const GroupBody& body) {
+  run_ranks(ranks, [&body](transport::Bootstrap& b) {
+    transport::UcxWorker worker;
+    transport::Mesh mesh(worker, b);
+    std::vector<int> members(static_cast<std::size_t>(b.size()));
+    std::iota(members.begin(), members.end(), 0);
+    const coll::Group group(mesh, members);
+    transport::Tag seq = 0;
+    body(b, group, [&seq] { return ++seq << coll::kStepBits; });
+    mesh.fence(std::chrono::seconds(60));
+  });
 }
 
 }  // namespace dlop::test

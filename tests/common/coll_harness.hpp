@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string_view>
 
 #include "collectives/registry.hpp"
@@ -15,5 +16,12 @@ const coll::Algorithm& find_algorithm(coll::CollKind kind, std::string_view name
 // progresses it until done; throws dlop::Error on failure or timeout.
 void run_collective(const coll::Group& group, const coll::CollArgs& args, std::string_view algorithm,
                     transport::Tag base_tag, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Runs body(bootstrap, group, next_tag) on `ranks` processes, each with its own
+// UCX worker, mesh and a group of all ranks; next_tag() hands every collective
+// a fresh base tag. The mesh is fenced before it is torn down.
+using GroupBody = std::function<void(transport::Bootstrap& bootstrap, const coll::Group& group,
+                                     const std::function<transport::Tag()>& next_tag)>;
+void run_on_group(int ranks, const GroupBody& body);
 
 }  // namespace dlop::test

@@ -142,8 +142,14 @@ std::string Mesh::describe(int peer) const {
 int Mesh::check_peers() {
   next_check_ = Clock::now() + options_.watchdog;
   int found = 0;
+  bool drained = false;
   for (const Peer& peer : peers_) {
     if (peer.local && !peer.failure && peer.rank != rank_ && !peer.process.alive()) {
+      // Its last messages may still sit unread in shared memory (a peer that
+      // finished and exited): deliver them before failing what is left.
+      while (!drained && worker_.progress()) {
+      }
+      drained = true;
       mark_dead(peer.rank, fmt::format("its process {} exited", peer.process.pid));
       ++found;
     }

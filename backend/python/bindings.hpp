@@ -1,0 +1,12 @@
+// The parts of the dlop._C extension module, one function per area, so that
+// each area's bindings live beside nothing else.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace dlop::python {
+
+void bind_backend(pybind11::module_& m);  // ProcessGroupDlop and its Work (backend_bindings.cpp)
+void bind_offload(pybind11::module_& m);  // the native data pipeline (offload_bindings.cpp)
+
+}  // namespace dlop::python

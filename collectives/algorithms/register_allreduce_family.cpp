@@ -8,6 +8,7 @@ namespace dlop::coll {
 Algorithm allreduce_ring();                // allreduce_ring.cpp
 Algorithm allreduce_recursive_doubling();  // allreduce_recursive_doubling.cpp
 Algorithm allreduce_rabenseifner();        // allreduce_rabenseifner.cpp
+Algorithm allreduce_hierarchical();        // allreduce_hierarchical.cpp
 Algorithm reduce_scatter_ring();           // reduce_scatter_ring.cpp
 Algorithm reduce_scatterv_ring();          // reduce_scatter_ring.cpp
 Algorithm allgather_ring();                // allgather_ring.cpp
@@ -18,6 +19,7 @@ void register_allreduce_family(std::vector<Algorithm>& out) {
   out.push_back(allreduce_ring());
   out.push_back(allreduce_recursive_doubling());
   out.push_back(allreduce_rabenseifner());
+  out.push_back(allreduce_hierarchical());
   out.push_back(reduce_scatter_ring());
   out.push_back(reduce_scatterv_ring());
   out.push_back(allgather_ring());

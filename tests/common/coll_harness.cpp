@@ -36,10 +36,13 @@ void run_collective(const coll::Group& group, const coll::CollArgs& args, std::s
   }
 }
 
-void run_on_group(int ranks, const GroupBody& body) {
-  run_ranks(ranks, [&body](transport::Bootstrap& b) {
+namespace {
+
+void run_with_options(int ranks, const std::function<transport::Mesh::Options(int rank)>& options,
+                      const GroupBody& body) {
+  run_ranks(ranks, [&](transport::Bootstrap& b) {
     transport::UcxWorker worker;
-    transport::Mesh mesh(worker, b);
+    transport::Mesh mesh(worker, b, options(b.rank()));
     std::vector<int> members(static_cast<std::size_t>(b.size()));
     std::iota(members.begin(), members.end(), 0);
     const coll::Group group(mesh, members);
@@ -47,6 +50,23 @@ void run_on_group(int ranks, const GroupBody& body) {
     body(b, group, [&seq] { return ++seq << coll::kStepBits; });
     mesh.fence(std::chrono::seconds(60));
   });
+}
+
+}  // namespace
+
+void run_on_group(int ranks, const GroupBody& body) {
+  run_with_options(ranks, [](int) { return transport::Mesh::Options{}; }, body);
+}
+
+void run_on_hosts(const std::vector<std::string>& hosts, const GroupBody& body) {
+  run_with_options(
+      static_cast<int>(hosts.size()),
+      [&hosts](int rank) {
+        transport::Mesh::Options options;
+        options.host = hosts.at(static_cast<std::size_t>(rank));
+        return options;
+      },
+      body);
 }
 
 }  // namespace dlop::test

@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "collectives/registry.hpp"
 
@@ -23,5 +25,9 @@ void run_collective(const coll::Group& group, const coll::CollArgs& args, std::s
 using GroupBody = std::function<void(transport::Bootstrap& bootstrap, const coll::Group& group,
                                      const std::function<transport::Tag()>& next_tag)>;
 void run_on_group(int ranks, const GroupBody& body);
+// As run_on_group, with rank r on the "host" named hosts[r] (the mesh's host
+// option, as DLOP_HOST_ID would set it): ranks with different host names
+// reach each other over the network transports, as on a real cluster.
+void run_on_hosts(const std::vector<std::string>& hosts, const GroupBody& body);
 
 }  // namespace dlop::test

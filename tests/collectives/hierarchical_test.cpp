@@ -1,0 +1,328 @@
+// Allreduce on ranks spread over several "hosts" (the mesh's host option, as
+// DLOP_HOST_ID sets it; ranks of different hosts talk over the network
+// transports): "hierarchical" forced over groupings even and uneven, the full
+// dtype x op matrix at small counts and representative pairs at 1Mi+3
+// elements (several pipeline segments), in and out of place, against the
+// exact reference; bitwise-identical floats on every rank; which algorithm
+// the table picks and which decline; the other allreduce algorithms on the
+// same groupings; and the default selection through the scheduler's
+// Communicator on 2 hosts x 2 ranks.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/multiprocess.hpp"
+#include "core/error.hpp"
+#include "core/process.hpp"
+#include "reduction_check.hpp"
+#include "scheduler/communicator.hpp"
+
+namespace dlop::coll {
+namespace {
+
+using namespace ref;
+
+struct Grouping {
+  const char* name;
+  std::vector<std::string> hosts;  // host of rank r
+};
+
+// Even, uneven, interleaved (a host's ranks not contiguous, so the leaders
+// are not the first ranks), a leader alone on its host, and three hosts.
+const Grouping kGroupings[] = {
+    {"2x2", {"A", "A", "B", "B"}},
+    {"3and2", {"A", "A", "A", "B", "B"}},
+    {"interleaved", {"A", "B", "A", "B"}},
+    {"1and2", {"A", "B", "B"}},
+    {"1and2and2", {"A", "B", "B", "C", "C"}},
+};
+
+// GoogleTest prints parameters in test listings (ctest's test names).
+void PrintTo(const Grouping& grouping, std::ostream* out) { *out << grouping.name; }
+
+constexpr std::size_t kSmallCounts[] = {0, 1, 7, 1023};
+
+template <typename Body>
+void on_hosts(const std::vector<std::string>& hosts, Body body) {
+  test::run_on_hosts(hosts, [&body](transport::Bootstrap& b, const Group& group, const auto& next_tag) {
+    body(group, next_tag, b);
+  });
+}
+
+std::uint64_t seed_of(DataType dtype, ReduceOp op, std::size_t count) {
+  return mix(static_cast<std::uint64_t>(dtype) * 977 + static_cast<std::uint64_t>(op) * 31 + count + 5);
+}
+
+CollArgs allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
+  CollArgs args;
+  args.kind = CollKind::kAllreduce;
+  args.dtype = dtype;
+  args.op = op;
+  args.count = count;
+  return args;
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes) {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001B3ull;
+  return h;
+}
+
+// Fails unless every rank's `bytes` at `data` hash alike.
+void expect_same_on_every_rank(transport::Bootstrap& b, const void* data, std::size_t bytes, const std::string& what) {
+  const std::uint64_t mine = fnv1a(data, bytes);
+  transport::Bytes published(sizeof(mine));
+  std::memcpy(published.data(), &mine, sizeof(mine));
+  const auto all = b.allgather(published, 60s);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    EXPECT_EQ(all[r], published) << what << ": rank " << r << " holds other bits than rank " << b.rank();
+  }
+}
+
+// One allreduce of rank-dependent inputs by `algo`, checked against the
+// exact reference and across ranks.
+template <typename NextTag>
+void allreduce_case(const Group& g, NextTag& next_tag, transport::Bootstrap& b, std::string_view algo,
+                    DataType dtype, ReduceOp op, std::size_t count, bool in_place) {
+  const std::uint64_t seed = seed_of(dtype, op, count);
+  const std::size_t bytes = count * dtype_size(dtype);
+  auto input = make_input(dtype, op, g.rank(), count, seed);
+  std::vector<std::byte> output(in_place ? 0 : bytes + kGuardBytes, std::byte{kGuard});
+  CollArgs args = allreduce_args(dtype, op, count);
+  args.send = input.data();
+  args.recv = in_place ? input.data() : output.data();
+  run(g, args, algo, next_tag());
+  const auto& result = in_place ? input : output;
+  const std::string what = std::string(algo) + (in_place ? " in place" : " out of place");
+  check_reduced(dtype, op, g.size(), result.data(), 0, count, seed, what);
+  EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
+  if (!in_place) {
+    EXPECT_EQ(input, make_input(dtype, op, g.rank(), count, seed)) << what << ": input modified";
+  }
+  expect_same_on_every_rank(b, result.data(), bytes, what + " " + pair_name(dtype, op));
+}
+
+struct Pair {
+  DataType dtype;
+  ReduceOp op;
+  bool in_place;
+};
+// As in allreduce_family_test: one of each kind of kernel, AVG on a 16-bit float.
+constexpr Pair kLargePairs[] = {
+    {DataType::kFloat32, ReduceOp::kSum, false}, {DataType::kFloat64, ReduceOp::kMax, true},
+    {DataType::kBFloat16, ReduceOp::kAvg, false}, {DataType::kInt64, ReduceOp::kProd, true},
+    {DataType::kInt64, ReduceOp::kBxor, false},  {DataType::kUInt8, ReduceOp::kMin, true},
+    {DataType::kInt32, ReduceOp::kAvg, true},  // integer AVG: one truncating division of the whole sum
+};
+
+// --- "hierarchical" forced: the full matrix at small counts ------------------
+
+class HierarchicalSmall : public ::testing::TestWithParam<std::tuple<Grouping, std::size_t>> {};
+
+TEST_P(HierarchicalSmall, EveryDtypeAndOpInAndOutOfPlace) {
+  const auto& [grouping, count] = GetParam();
+  on_hosts(grouping.hosts, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const DataType dtype : kAllDtypes) {
+      for (const ReduceOp op : kAllOps) {
+        if (!supports(op, dtype)) continue;
+        for (const bool in_place : {false, true}) {
+          allreduce_case(g, next_tag, b, "hierarchical", dtype, op, count, in_place);
+        }
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, HierarchicalSmall,
+                         ::testing::Combine(::testing::ValuesIn(kGroupings), ::testing::ValuesIn(kSmallCounts)),
+                         [](const auto& param_info) {
+                           return std::string(std::get<0>(param_info.param).name) + "_count" +
+                                  std::to_string(std::get<1>(param_info.param));
+                         });
+
+// --- "hierarchical" forced: representative pairs at 1Mi+3 elements -----------
+
+class HierarchicalLarge : public ::testing::TestWithParam<Grouping> {};
+
+TEST_P(HierarchicalLarge, RepresentativePairsOverSeveralSegments) {
+  on_hosts(GetParam().hosts, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const Pair& p : kLargePairs) {
+      allreduce_case(g, next_tag, b, "hierarchical", p.dtype, p.op, kLargeCount, p.in_place);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, HierarchicalLarge, ::testing::ValuesIn(kGroupings),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// --- bitwise identical float results on every rank ---------------------------
+
+// Random floats with full mantissas, so that another order of the sum rounds
+// differently, and signed zeros, whose min/max depends on the order.
+void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t h = hash(0x41E7, rank, i);
+    const bool zero = h % 11 == 0;
+    const std::uint64_t sign = (h >> 63) & 1;
+    const std::uint64_t exp = (h >> 40) % 6;
+    auto put = [&](auto bits) { std::memcpy(static_cast<std::byte*>(data) + i * sizeof(bits), &bits, sizeof(bits)); };
+    switch (dtype) {
+      case DataType::kFloat32:
+        put(static_cast<std::uint32_t>(sign << 31 | (zero ? 0 : (125 + exp) << 23 | (h & 0x7FFFFF))));
+        break;
+      case DataType::kFloat64:
+        put(static_cast<std::uint64_t>(sign << 63 | (zero ? 0 : (1021 + exp) << 52 | (h & 0xFFFFFFFFFFFFFull))));
+        break;
+      case DataType::kFloat16:
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (13 + exp) << 10 | (h & 0x3FF))));
+        break;
+      default:  // bf16
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (125 + exp) << 7 | (h & 0x7F))));
+        break;
+    }
+  }
+}
+
+class HierarchicalBitwise : public ::testing::TestWithParam<Grouping> {};
+
+TEST_P(HierarchicalBitwise, EveryRankHoldsTheSameFloatBits) {
+  on_hosts(GetParam().hosts, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+      for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+        // f32 sum also over three segments of the pipeline.
+        const std::size_t count = dtype == DataType::kFloat32 && op == ReduceOp::kSum ? (2u << 20) + 9 : 70001;
+        std::vector<std::byte> data(count * dtype_size(dtype));
+        fill_random_floats(dtype, data.data(), count, g.rank());
+        CollArgs args = allreduce_args(dtype, op, count);
+        args.send = args.recv = data.data();
+        run(g, args, "hierarchical", next_tag());
+        expect_same_on_every_rank(b, data.data(), data.size(), "hierarchical " + pair_name(dtype, op));
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, HierarchicalBitwise, ::testing::Values(kGroupings[0], kGroupings[1]),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// --- selection: who accepts, what the table picks -----------------------------
+
+std::string_view table_choice(const Group& g, std::size_t count) {
+  CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
+  return select_algorithm(args, g, AlgorithmOverrides{}).name;
+}
+
+TEST(HierarchicalSelection, TablePicksItAcrossHostsWithSharedHostsOnly) {
+  // 2 hosts x 2 ranks: recursive doubling for small vectors, then hierarchical.
+  on_hosts({"A", "A", "B", "B"}, [](const Group& g, auto, transport::Bootstrap&) {
+    EXPECT_EQ(g.hosts(), 2);
+    EXPECT_EQ(table_choice(g, 16), "recursive_doubling");
+    EXPECT_EQ(table_choice(g, 1u << 20), "hierarchical");
+    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
+    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "cma").accepts(args, g)) << "cma across hosts";
+    EXPECT_EQ(select_algorithm(args, g, AlgorithmOverrides::parse("allreduce:cma")).name, "hierarchical");
+  });
+  // One rank per host: nothing to fold in, it declines (256 KiB: to Rabenseifner).
+  on_hosts({"A", "B", "C"}, [](const Group& g, auto, transport::Bootstrap&) {
+    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 16);
+    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "hierarchical").accepts(args, g));
+    EXPECT_EQ(select_algorithm(args, g, AlgorithmOverrides::parse("allreduce:hierarchical")).name, "rabenseifner");
+    EXPECT_EQ(table_choice(g, 1u << 20), "ring");
+  });
+  // One host: it declines, the intra-host algorithm serves.
+  on_hosts({"A", "A", "A"}, [](const Group& g, auto, transport::Bootstrap&) {
+    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
+    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "hierarchical").accepts(args, g));
+    EXPECT_NE(table_choice(g, 1u << 20), "hierarchical");
+  });
+}
+
+TEST(HierarchicalSelection, OneRankPerHostGetsExactResultsFromTheTable) {
+  on_hosts({"A", "B"}, [](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const std::size_t count : {std::size_t{7}, kLargeCount}) {
+      for (const bool in_place : {false, true}) {
+        const CollArgs args = allreduce_args(DataType::kInt32, ReduceOp::kSum, count);
+        allreduce_case(g, next_tag, b, select_algorithm(args, g, AlgorithmOverrides{}).name, DataType::kInt32,
+                       ReduceOp::kSum, count, in_place);
+      }
+    }
+  });
+}
+
+// --- the other allreduce algorithms across hosts ------------------------------
+
+class OtherAlgorithmsAcrossHosts : public ::testing::TestWithParam<Grouping> {};
+
+TEST_P(OtherAlgorithmsAcrossHosts, AcceptOnlyWhatTheyServeAndGiveExactResults) {
+  on_hosts(GetParam().hosts, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
+    for (const Algorithm& a : all_algorithms()) {
+      if (a.kind != CollKind::kAllreduce || a.name == "hierarchical") continue;
+      const CollArgs probe = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1023);
+      if (a.name == "cma") {
+        EXPECT_FALSE(a.accepts(probe, g)) << "cma accepted ranks on several hosts";
+        continue;
+      }
+      if (!a.accepts(probe, g)) continue;
+      for (const std::size_t count : {std::size_t{7}, std::size_t{1023}}) {
+        for (const bool in_place : {false, true}) {
+          allreduce_case(g, next_tag, b, a.name, DataType::kFloat32, ReduceOp::kSum, count, in_place);
+          allreduce_case(g, next_tag, b, a.name, DataType::kInt16, ReduceOp::kBxor, count, in_place);
+        }
+      }
+      allreduce_case(g, next_tag, b, a.name, DataType::kFloat16, ReduceOp::kAvg, kLargeCount, false);
+      allreduce_case(g, next_tag, b, a.name, DataType::kInt64, ReduceOp::kMax, kLargeCount, true);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, OtherAlgorithmsAcrossHosts, ::testing::Values(kGroupings[0], kGroupings[1]),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// --- the default selection through the scheduler's Communicator ---------------
+
+// The engine's mesh takes its host from DLOP_HOST_ID, read once per process:
+// each rank sets it before anything reads the configuration. A process that
+// read it already (other tests in the same run) cannot be regrouped, and the
+// test is skipped there; ctest runs every test in a fresh process.
+constexpr int kRegroupImpossible = 77;
+
+TEST(HierarchicalCommunicator, DefaultSelectionOnTwoHostsOfTwoGivesExactResults) {
+  const std::vector<std::string> hosts = {"hier-A", "hier-A", "hier-B", "hier-B"};
+  test::RankGroup ranks(4, [&hosts](transport::Bootstrap& b) {
+    const std::string& host = hosts.at(static_cast<std::size_t>(b.rank()));
+    ::setenv("DLOP_HOST_ID", host.c_str(), 1);
+    if (host_identity() != host) std::_Exit(kRegroupImpossible);
+    auto comm = sched::Communicator::create(b);
+    EXPECT_EQ(comm->hosts(), 2);
+    for (const std::size_t count : {std::size_t{0}, std::size_t{7}, std::size_t{1023}, kLargeCount}) {
+      for (const Pair& p : kLargePairs) {
+        const std::uint64_t seed = seed_of(p.dtype, p.op, count);
+        auto input = make_input(p.dtype, p.op, comm->rank(), count, seed);
+        std::vector<std::byte> output(p.in_place ? 0 : input.size(), std::byte{kGuard});
+        void* recv = p.in_place ? input.data() : output.data();
+        comm->allreduce(input.data(), recv, count, p.dtype, p.op).wait();
+        const std::string what = "communicator count " + std::to_string(count);
+        check_reduced(p.dtype, p.op, comm->size(), recv, 0, count, seed, what);
+        EXPECT_TRUE(guard_intact(p.in_place ? input : output, count * dtype_size(p.dtype))) << what;
+        expect_same_on_every_rank(b, recv, count * dtype_size(p.dtype), what + " " + pair_name(p.dtype, p.op));
+      }
+    }
+    comm->barrier().wait();
+  });
+  const auto exits = ranks.wait(std::chrono::minutes(4));
+  if (std::all_of(exits.begin(), exits.end(), [](const test::RankExit& e) { return e.exited && e.code == kRegroupImpossible; })) {
+    GTEST_SKIP() << "DLOP_HOST_ID was read before the ranks forked; run this test in a process of its own";
+  }
+  for (const test::RankExit& e : exits) {
+    EXPECT_TRUE(e.exited && e.code == 0) << "rank " << e.rank << (e.exited ? " exited with " : " killed by signal ")
+                                         << e.code;
+  }
+}
+
+}  // namespace
+}  // namespace dlop::coll

@@ -8,53 +8,12 @@
 // (the result replaces it). Either way each piece of the result is written
 // only after the last read of the input it overwrites. AVG divides once, at
 // the end. Accepts every case (reduce_scatterv: one count per rank).
-#include "blocks.hpp"
-#include "collectives/registry.hpp"
-#include "ring.hpp"
+#include "ring_blocks.hpp"
 
 namespace dlop::coll {
-namespace {
 
-std::unique_ptr<Task> create(const CollArgs& args, const Group& group, transport::Tag base_tag,
-                             const BlockLayout& layout) {
-  check_reduction(args.op, args.dtype);
-  std::vector<std::size_t> out(layout.count.size(), 0);  // only this rank's block is written, at recv
-  return make_ring_task(group, base_tag,
-                        {.reduce_scatter = true,
-                         .all_gather = false,
-                         .counts = layout.count,
-                         .in_offset = layout.offset,
-                         .out_offset = std::move(out),
-                         .send = args.send,
-                         .recv = args.recv,
-                         .dtype = args.dtype,
-                         .op = args.op});
-}
+Algorithm reduce_scatter_ring() { return ring_half_algorithm(CollKind::kReduceScatter, RingHalf::kReduceScatter); }
 
-}  // namespace
-
-Algorithm reduce_scatter_ring() {
-  return {
-      .kind = CollKind::kReduceScatter,
-      .name = "ring",
-      .accepts = [](const CollArgs&, const Group&) { return true; },
-      .create = [](const CollArgs& args, const Group& group, transport::Tag base_tag) {
-        return create(args, group, base_tag, BlockLayout::uniform(args.count, group.size()));
-      },
-  };
-}
-
-Algorithm reduce_scatterv_ring() {
-  return {
-      .kind = CollKind::kReduceScatterv,
-      .name = "ring",
-      .accepts = [](const CollArgs& args, const Group& group) {
-        return args.counts.size() == static_cast<std::size_t>(group.size());
-      },
-      .create = [](const CollArgs& args, const Group& group, transport::Tag base_tag) {
-        return create(args, group, base_tag, BlockLayout::from_counts(args.counts));
-      },
-  };
-}
+Algorithm reduce_scatterv_ring() { return ring_half_algorithm(CollKind::kReduceScatterv, RingHalf::kReduceScatter); }
 
 }  // namespace dlop::coll

@@ -12,6 +12,11 @@ if(NOT CLI11_FOUND)
 endif()
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
+# Image decoding for offload/ (libjpeg-turbo's libjpeg API, libpng; zlib for
+# the record files' checksums).
+find_package(JPEG REQUIRED)
+find_package(PNG REQUIRED)
+find_package(ZLIB REQUIRED)
 
 find_package(MPI COMPONENTS C QUIET)
 set(DLOP_HAVE_MPI ${MPI_C_FOUND})

@@ -14,6 +14,8 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  # offload/: JPEG and PNG decoding; zlib for record-file checksums.
+  libjpeg62-turbo-dev libpng-dev zlib1g-dev
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -1,0 +1,98 @@
+// Where samples come from: an image folder tree (torchvision's ImageFolder
+// layout) or a packed record file written from one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dlop::offload {
+
+// A read-only, indexed collection of encoded samples with integer labels.
+// All methods are const and thread-safe.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual std::size_t size() const = 0;
+  virtual const std::vector<std::string>& classes() const = 0;
+  virtual std::int64_t label(std::size_t i) const = 0;
+  // For messages: the file's path, or the record's name in its file.
+  virtual std::string name(std::size_t i) const = 0;
+  // The encoded bytes of sample i, either in `scratch` or in memory the source
+  // owns (valid while it lives). Throws SampleError when they cannot be read
+  // (missing file, checksum mismatch) and dlop::Error for i >= size().
+  virtual std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const = 0;
+};
+
+// torchvision's ImageFolder: classes are the sorted names of root's
+// sub-folders, label = class index; each class's files are found recursively
+// (following links) and sorted as torchvision sorts them (folders by path,
+// then names), so indices equal torchvision's for the same tree. Only .jpg,
+// .jpeg and .png (any case) are kept, the formats dlop decodes; a class with
+// none is an error, as in torchvision. Files are read on demand.
+class ImageFolder final : public Source {
+ public:
+  explicit ImageFolder(const std::filesystem::path& root);
+  std::size_t size() const override { return files_.size(); }
+  const std::vector<std::string>& classes() const override { return classes_; }
+  std::int64_t label(std::size_t i) const override;
+  std::string name(std::size_t i) const override;
+  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  const std::filesystem::path& root() const { return root_; }
+  // Path of sample i relative to root, with '/' separators.
+  const std::string& relative_path(std::size_t i) const;
+
+ private:
+  struct Entry {
+    std::string relative;
+    std::int64_t label;
+  };
+  std::filesystem::path root_;
+  std::vector<std::string> classes_;
+  std::vector<Entry> files_;
+};
+
+// A packed record file (format in offload/src/source/record_format.hpp),
+// mapped read-only. Opening checks the header, the index checksum and every
+// index entry's bounds, so a malformed file is a clear dlop::Error at open;
+// each read checks the record's CRC-32 (a mismatch is a SampleError).
+class RecordFile final : public Source {
+ public:
+  explicit RecordFile(const std::filesystem::path& path);
+  ~RecordFile() override;
+  RecordFile(const RecordFile&) = delete;
+  RecordFile& operator=(const RecordFile&) = delete;
+
+  std::size_t size() const override;
+  const std::vector<std::string>& classes() const override { return classes_; }
+  std::int64_t label(std::size_t i) const override;
+  std::string name(std::size_t i) const override;
+  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  std::uint32_t version() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<std::string> classes_;
+};
+
+// Opens a folder as ImageFolder and a file as RecordFile.
+std::unique_ptr<Source> open_source(const std::filesystem::path& path);
+
+struct PackStats {
+  std::size_t records = 0;
+  std::size_t classes = 0;
+  std::uint64_t bytes = 0;  // the whole file
+};
+
+// `dlop pack`: writes every sample of the image folder `root` into one record
+// file at `out` (written beside it, then renamed, so a crash never leaves a
+// half-written file under that name). Records keep their bytes, label and
+// relative path; the order is ImageFolder's.
+PackStats pack_image_folder(const std::filesystem::path& root, const std::filesystem::path& out);
+
+}  // namespace dlop::offload

@@ -1,0 +1,19 @@
+// The per-format decoders behind decode_image.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "offload/codec.hpp"
+
+namespace dlop::offload::detail {
+
+// PIL's decompression-bomb limit (twice its warning threshold): a header
+// claiming more is refused before anything is allocated.
+inline constexpr std::uint64_t kMaxPixels = 178956970;
+
+void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
+void decode_png(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
+
+}  // namespace dlop::offload::detail

@@ -1,0 +1,179 @@
+// JPEG through libjpeg-turbo's libjpeg API. libjpeg reports fatal errors by
+// calling error_exit, which must not return: we longjmp back to the frame
+// that called setjmp. Only trivially destructible objects live in that frame
+// and in the libjpeg frames it skips, so no destructor is jumped over; the
+// caller owns the output buffer and frees libjpeg's state after the jump.
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+// jpeglib.h needs FILE and size_t declared first.
+#include <jerror.h>
+#include <jpeglib.h>
+
+#include <fmt/format.h>
+
+#include "codec_detail.hpp"
+
+namespace dlop::offload {
+namespace {
+
+struct ErrorManager {
+  jpeg_error_mgr pub;  // first, so libjpeg's pointer to it is ours too
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+  bool truncated;
+};
+
+[[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// libjpeg turns running out of data into a warning and fills the rest of the
+// image with gray; PIL raises "image file is truncated" instead, and so do we.
+// Other warnings (e.g. extraneous bytes before a marker) are ignored, as PIL does.
+void on_message(j_common_ptr cinfo, int level) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) err->truncated = true;
+}
+
+std::uint8_t muldiv255(unsigned a, unsigned b) {
+  const unsigned t = a * b + 128;
+  return static_cast<std::uint8_t>((t + (t >> 8)) >> 8);
+}
+
+// libjpeg's state lives in the caller's frame: objects changed between
+// setjmp and longjmp must not be locals of the frame that calls setjmp.
+struct Decoder {
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+};
+
+struct Encoder {
+  jpeg_compress_struct cinfo;
+  ErrorManager err;
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+};
+
+// Leaves `reason` empty on success, else writes why it failed.
+void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& out, char* reason,
+                 std::size_t reason_size) {
+  jpeg_decompress_struct& cinfo = d.cinfo;
+  ErrorManager& err = d.err;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error;
+  err.pub.emit_message = on_message;
+  err.truncated = false;
+  err.message[0] = '\0';
+  reason[0] = '\0';
+  if (setjmp(err.jump)) {
+    std::snprintf(reason, reason_size, "%s", err.message);
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (static_cast<std::uint64_t>(cinfo.image_width) * cinfo.image_height > detail::kMaxPixels) {
+    std::snprintf(reason, reason_size, "image too large: %ux%u is more than 178956970 pixels", cinfo.image_width,
+                  cinfo.image_height);
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  // libjpeg converts gray and YCbCr to RGB itself; CMYK it only passes through.
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  const int channels = cinfo.output_components;
+  out.reshape(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width));
+  if (!cmyk) {
+    while (cinfo.output_scanline < cinfo.output_height) {
+      JSAMPROW row = out.pixels.data() + cinfo.output_scanline * out.row_bytes();
+      jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+  } else {
+    // Adobe's CMYK JPEGs store inverted inks, so a stored value is the
+    // fraction of light kept: R = C' * K' / 255, as PIL converts.
+    JSAMPARRAY rows = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                 cinfo.output_width * static_cast<unsigned>(channels), 1);
+    const bool inverted = cinfo.saw_Adobe_marker;
+    while (cinfo.output_scanline < cinfo.output_height) {
+      std::uint8_t* dst = out.pixels.data() + cinfo.output_scanline * out.row_bytes();
+      jpeg_read_scanlines(&cinfo, rows, 1);
+      for (unsigned x = 0; x < cinfo.output_width; ++x) {
+        const std::uint8_t* p = rows[0] + x * 4;
+        const unsigned k = inverted ? p[3] : 255u - p[3];
+        for (int c = 0; c < 3; ++c) dst[x * 3 + c] = muldiv255(inverted ? p[c] : 255u - p[c], k);
+      }
+    }
+  }
+  if (err.truncated) {
+    std::snprintf(reason, reason_size, "truncated JPEG: data ends before the image does");
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+}
+
+// Encoding only sees well-formed images, so an error here is a bug in the
+// caller's arguments; it comes back as false with the message in err.
+bool encode_impl(Encoder& e, const std::uint8_t* pixels, int height, int width, int channels,
+                 int quality) {
+  jpeg_compress_struct& cinfo = e.cinfo;
+  cinfo.err = jpeg_std_error(&e.err.pub);
+  e.err.pub.error_exit = on_error;
+  e.err.message[0] = '\0';
+  if (setjmp(e.err.jump)) {
+    jpeg_destroy_compress(&cinfo);
+    return false;
+  }
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, &e.buffer, &e.size);
+  cinfo.image_width = static_cast<JDIMENSION>(width);
+  cinfo.image_height = static_cast<JDIMENSION>(height);
+  cinfo.input_components = channels;
+  cinfo.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  const std::size_t stride = static_cast<std::size_t>(width) * static_cast<std::size_t>(channels);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<std::uint8_t*>(pixels) + cinfo.next_scanline * stride;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  return true;
+}
+
+}  // namespace
+
+void detail::decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out) {
+  char reason[JMSG_LENGTH_MAX + 64];
+  Decoder d;
+  decode_impl(d, bytes.data(), bytes.size(), out, reason, sizeof reason);
+  if (reason[0] != '\0') {
+    out.reshape(0, 0);
+    const bool ours = std::strncmp(reason, "truncated", 9) == 0 || std::strncmp(reason, "image too large", 15) == 0;
+    throw SampleError(std::string(name), ours ? std::string(reason) : fmt::format("corrupt JPEG: {}", reason));
+  }
+}
+
+std::vector<std::uint8_t> encode_jpeg(const std::uint8_t* pixels, int height, int width, int channels,
+                                      int quality) {
+  if (channels != 1 && channels != 3) throw_error(Errc::kInvalidArgument, "encode_jpeg: channels must be 1 or 3");
+  if (height <= 0 || width <= 0) throw_error(Errc::kInvalidArgument, "encode_jpeg: empty image");
+  Encoder e;
+  const bool ok = encode_impl(e, pixels, height, width, channels, quality);
+  std::vector<std::uint8_t> result;
+  if (ok) result.assign(e.buffer, e.buffer + e.size);
+  std::free(e.buffer);
+  if (!ok) throw_error(Errc::kInvalidArgument, fmt::format("encode_jpeg: {}", e.err.message));
+  return result;
+}
+
+}  // namespace dlop::offload

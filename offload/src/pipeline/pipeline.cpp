@@ -1,0 +1,146 @@
+#include "offload/pipeline.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <exception>
+
+#include "offload/codec.hpp"
+#include "offload/ops.hpp"
+
+namespace dlop::offload {
+
+Pipeline::Pipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
+
+std::optional<Shape> Pipeline::fixed_shape() const {
+  std::optional<Shape> shape;
+  for (const OpSpec& op : spec_.ops) {
+    if (const auto* c = std::get_if<RandomResizedCropOp>(&op)) {
+      shape = Shape{3, c->size[0], c->size[1]};
+    } else if (const auto* r = std::get_if<ResizeOp>(&op)) {
+      shape = r->size ? std::optional(Shape{3, (*r->size)[0], (*r->size)[1]}) : std::nullopt;
+    } else if (const auto* cc = std::get_if<CenterCropOp>(&op)) {
+      shape = Shape{3, cc->size[0], cc->size[1]};
+    }
+  }
+  return shape;
+}
+
+const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const SampleKey& key,
+                                 std::string_view name, Scratch& scratch) const {
+  Image* cur = &scratch.a;
+  Image* other = &scratch.b;
+  decode_image(encoded, name, *cur);
+  for (std::size_t i = 0; i < spec_.ops.size(); ++i) {
+    const OpSpec& op = spec_.ops[i];
+    // Each op draws from its own stream (its position), so the draws of one
+    // op never depend on how many another made.
+    if (const auto* c = std::get_if<RandomResizedCropOp>(&op)) {
+      SampleRng rng(key, i);
+      const CropBox box = random_resized_crop_box(cur->height, cur->width, c->scale, c->ratio, rng);
+      resize(*cur, box, c->size[0], c->size[1], c->antialias, *other);
+      std::swap(cur, other);
+    } else if (const auto* r = std::get_if<ResizeOp>(&op)) {
+      const auto [h, w] = r->size ? std::pair{(*r->size)[0], (*r->size)[1]}
+                                  : resize_shorter_side(cur->height, cur->width, *r->shorter, r->max_size);
+      if (h != cur->height || w != cur->width) {
+        resize(*cur, CropBox{0, 0, cur->height, cur->width}, h, w, r->antialias, *other);
+        std::swap(cur, other);
+      }
+    } else if (const auto* cc = std::get_if<CenterCropOp>(&op)) {
+      const CropBox box = center_crop_box(cur->height, cur->width, cc->size[0], cc->size[1]);
+      if (box != CropBox{0, 0, cur->height, cur->width}) {
+        crop(*cur, box, *other);
+        std::swap(cur, other);
+      }
+    } else if (const auto* f = std::get_if<HFlipOp>(&op)) {
+      SampleRng rng(key, i);
+      if (rng.uniform() < f->p) hflip(*cur);
+    }
+  }
+  return *cur;
+}
+
+void Pipeline::emit(const Image& image, std::byte* out) const {
+  if (spec_.output == OutputType::kUint8) return to_chw_uint8(image, reinterpret_cast<std::uint8_t*>(out));
+  NormalizeOp norm;
+  if (!spec_.ops.empty()) {
+    if (const auto* n = std::get_if<NormalizeOp>(&spec_.ops.back())) norm = *n;
+  }
+  to_chw_float(image, norm.mean, norm.std, reinterpret_cast<float*>(out));
+}
+
+Tensor Pipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name) const {
+  Scratch scratch;
+  const Image& image = transform(encoded, key, name, scratch);
+  Tensor t;
+  t.dtype = spec_.output;
+  t.shape = Shape{3, image.height, image.width};
+  t.data.resize(t.shape.elements() * element_size());
+  emit(image, t.data.data());
+  return t;
+}
+
+BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+                                std::uint64_t epoch, std::span<std::byte> images, std::span<std::int64_t> labels,
+                                WorkerPool* pool) const {
+  const std::optional<Shape> shape = fixed_shape();
+  if (!shape) {
+    throw_error(Errc::kInvalidArgument,
+                "run_batch: samples of a batch need one size: end the ops with random_resized_crop, center_crop "
+                "or resize to [height, width]");
+  }
+  const std::size_t sample_bytes = shape->elements() * element_size();
+  if (images.size() < indices.size() * sample_bytes || labels.size() < indices.size()) {
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("run_batch: buffers too small for {} samples of {} bytes ({} bytes, {} labels given)",
+                            indices.size(), sample_bytes, images.size(), labels.size()));
+  }
+  for (const std::uint64_t index : indices) {
+    if (index >= source.size()) {
+      throw_error(Errc::kInvalidArgument,
+                  fmt::format("run_batch: index {} out of range (the source has {} samples)", index, source.size()));
+    }
+  }
+
+  std::vector<std::exception_ptr> failures(indices.size());
+  const auto one = [&](std::size_t k, Scratch& scratch) {
+    const std::uint64_t index = indices[k];
+    try {
+      const auto bytes = source.read(index, scratch.bytes);
+      const Image& image = transform(bytes, SampleKey{seed, epoch, index}, source.name(index), scratch);
+      emit(image, images.data() + k * sample_bytes);
+      labels[k] = source.label(index);
+    } catch (const SampleError&) {
+      failures[k] = std::current_exception();
+    }
+  };
+  if (pool == nullptr || pool->threads() == 1 || indices.size() < 2) {
+    Scratch scratch;
+    for (std::size_t k = 0; k < indices.size(); ++k) one(k, scratch);
+  } else {
+    std::vector<Scratch> scratch(pool->threads());
+    pool->parallel_for(indices.size(), [&](std::size_t k, std::size_t worker) { one(k, scratch[worker]); });
+  }
+
+  BatchResult result;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    if (!failures[k]) {
+      if (result.count != k) {
+        std::memmove(images.data() + result.count * sample_bytes, images.data() + k * sample_bytes, sample_bytes);
+        labels[result.count] = labels[k];
+      }
+      ++result.count;
+      continue;
+    }
+    if (spec_.on_error == ErrorPolicy::kRaise) std::rethrow_exception(failures[k]);
+    try {
+      std::rethrow_exception(failures[k]);
+    } catch (const SampleError& e) {
+      result.skipped.push_back(SkippedSample{indices[k], e.what()});
+    }
+  }
+  return result;
+}
+
+}  // namespace dlop::offload

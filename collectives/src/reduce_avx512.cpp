@@ -19,12 +19,12 @@
 #include <type_traits>
 
 #include "reduce_kernels.hpp"
+#include "reduce_simd.hpp"
 
 namespace dlop::coll::detail {
 namespace {
 
 using std::size_t;
-using Byte = unsigned char;
 
 // The low r bits set, r < 64.
 constexpr std::uint64_t low_bits(size_t r) { return (std::uint64_t{1} << r) - 1; }
@@ -209,99 +209,13 @@ struct BoolLanes : SiMem<1> {  // any non-zero byte is true; results are 0 or 1
   static V bxor(V a, V b) { return lxor(a, b); }
 };
 
-// ---- Loops: four vectors per step, then one, then one masked for the tail.
-
-template <typename L, typename L::V (*Op)(typename L::V, typename L::V)>
-void run(void* dst, const void* a, const void* b, size_t n) {
-  using V = typename L::V;
-  constexpr size_t kStep = L::kLanes * sizeof(typename L::T);
-  auto* d = static_cast<Byte*>(dst);
-  const auto* x = static_cast<const Byte*>(a);
-  const auto* y = static_cast<const Byte*>(b);
-  size_t i = 0;  // elements done
-  // dst equal to a or b is fine: each step loads everything before it stores.
-  for (; i + 4 * L::kLanes <= n; i += 4 * L::kLanes) {
-    const size_t o = i * sizeof(typename L::T);
-    const V x0 = L::load(x + o), x1 = L::load(x + o + kStep), x2 = L::load(x + o + 2 * kStep),
-            x3 = L::load(x + o + 3 * kStep);
-    const V y0 = L::load(y + o), y1 = L::load(y + o + kStep), y2 = L::load(y + o + 2 * kStep),
-            y3 = L::load(y + o + 3 * kStep);
-    L::store(d + o, Op(x0, y0));
-    L::store(d + o + kStep, Op(x1, y1));
-    L::store(d + o + 2 * kStep, Op(x2, y2));
-    L::store(d + o + 3 * kStep, Op(x3, y3));
-  }
-  for (; i + L::kLanes <= n; i += L::kLanes) {
-    const size_t o = i * sizeof(typename L::T);
-    L::store(d + o, Op(L::load(x + o), L::load(y + o)));
-  }
-  if (i < n) {
-    const size_t o = i * sizeof(typename L::T);
-    const size_t r = n - i;
-    L::store_part(d + o, Op(L::load_part(x + o, r), L::load_part(y + o, r)), r);
-  }
-}
-
-template <typename L>
-void by_op(ReduceOp op, void* dst, const void* a, const void* b, size_t n) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return run<L, L::sum>(dst, a, b, n);
-    case ReduceOp::kProd: return run<L, L::prod>(dst, a, b, n);
-    case ReduceOp::kMin: return run<L, L::min>(dst, a, b, n);
-    case ReduceOp::kMax: return run<L, L::max>(dst, a, b, n);
-    case ReduceOp::kBand:
-      if constexpr (L::kBitwise) return run<L, L::band>(dst, a, b, n);
-      break;
-    case ReduceOp::kBor:
-      if constexpr (L::kBitwise) return run<L, L::bor>(dst, a, b, n);
-      break;
-    case ReduceOp::kBxor:
-      if constexpr (L::kBitwise) return run<L, L::bxor>(dst, a, b, n);
-      break;
-  }
-}
-
+// Tails use masked loads and stores (load_part, store_part).
 void reduce_avx512(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t n) {
-  switch (dtype) {
-    case DataType::kFloat32: return by_op<F32>(op, dst, a, b, n);
-    case DataType::kFloat64: return by_op<F64>(op, dst, a, b, n);
-    case DataType::kFloat16: return by_op<F16>(op, dst, a, b, n);
-    case DataType::kBFloat16: return by_op<BF16>(op, dst, a, b, n);
-    case DataType::kInt8: return by_op<IntLanes<std::int8_t>>(op, dst, a, b, n);
-    case DataType::kUInt8: return by_op<IntLanes<std::uint8_t>>(op, dst, a, b, n);
-    case DataType::kInt16: return by_op<IntLanes<std::int16_t>>(op, dst, a, b, n);
-    case DataType::kInt32: return by_op<IntLanes<std::int32_t>>(op, dst, a, b, n);
-    case DataType::kInt64: return by_op<IntLanes<std::int64_t>>(op, dst, a, b, n);
-    case DataType::kBool: return by_op<BoolLanes>(op, dst, a, b, n);
-  }
+  reduce_by_dtype<F32, F64, F16, BF16, IntLanes, BoolLanes>(op, dtype, dst, a, b, n);
 }
 
-template <typename L>
-void divide_run(void* data, size_t n, int nranks) {
-  const typename L::V divisor = L::splat(nranks);
-  auto* p = static_cast<Byte*>(data);
-  size_t i = 0;
-  for (; i + L::kLanes <= n; i += L::kLanes) {
-    Byte* q = p + i * sizeof(typename L::T);
-    L::store(q, L::div(L::load(q), divisor));
-  }
-  if (i < n) {
-    Byte* q = p + i * sizeof(typename L::T);
-    L::store_part(q, L::div(L::load_part(q, n - i), divisor), n - i);
-  }
-}
-
-// Floats divide in their own precision (f16/bf16 in f32); integers are rare
-// here and use the scalar truncating division.
 void divide_avx512(DataType dtype, void* data, size_t n, int nranks) {
-  switch (dtype) {
-    case DataType::kFloat32: return divide_run<F32>(data, n, nranks);
-    case DataType::kFloat64: return divide_run<F64>(data, n, nranks);
-    case DataType::kFloat16: return divide_run<F16>(data, n, nranks);
-    case DataType::kBFloat16: return divide_run<BF16>(data, n, nranks);
-    default: return divide_scalar(dtype, data, n, nranks);
-  }
+  divide_by_dtype<F32, F64, F16, BF16>(dtype, data, n, nranks);
 }
 
 }  // namespace

@@ -1,12 +1,20 @@
 """dlop: a collective-communication accelerator for PyTorch over UCX.
 
-A ``torch.distributed`` backend ("dlop") whose collectives run on UCX, and an
-offloaded data loader. The compiled part, ``dlop._C``, comes later; for now
-this package only carries its version.
+``import dlop`` registers the ``torch.distributed`` backend ``"dlop"`` (CPU
+tensors). Scripts that never import dlop still find it: torch loads it through
+the entry points it reads (see pyproject.toml), so ``--dist-backend dlop`` is
+all an unmodified script needs once the package is installed.
+
+Under ``mpirun`` or SLURM without torchrun, :func:`dlop.init` reads the
+launcher's rank and size and initialises the default process group.
 """
 
 # Keep in step with pyproject.toml and project() in CMakeLists.txt
 # (tests/python/test_package.py checks all three).
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from dlop._backend import init, register_backend  # noqa: E402
+
+register_backend()
+
+__all__ = ["__version__", "init", "register_backend"]

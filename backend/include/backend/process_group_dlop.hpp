@@ -1,0 +1,102 @@
+// ProcessGroupDlop: torch.distributed's c10d::Backend over dlop's engine.
+//
+// Tensors become the engine's buffer views (tensor_args.hpp); every operation
+// is submitted at once and returns a WorkDlop whose future completes with the
+// output tensors. The inputs and outputs stay referenced by the Work until the
+// engine is done with them.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scheduler/communicator.hpp"
+#include "transport/bootstrap.hpp"
+
+namespace dlop::backend {
+
+class CompletionQueue;
+class WorkDlop;
+
+class ProcessGroupDlop : public c10d::Backend {
+ public:
+  // store: the group's c10d store (torch passes a PrefixStore per group).
+  // global_ranks: the group's ranks in the default group, empty for the
+  // default group itself; a sub-group then shares the default group's engine.
+  ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   std::chrono::milliseconds timeout, std::vector<int> global_ranks = {},
+                   std::string group_name = {});
+  ~ProcessGroupDlop() override;
+
+  const std::string getBackendName() const override { return "dlop"; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void abort() override;
+  void shutdown() override;
+
+  sched::Communicator& communicator() { return *comm_; }
+
+ private:
+  sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
+  // Wraps submitted handles into a Work that completes with `outputs` after
+  // running `finish` (copies back from staging buffers) on completion.
+  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<sched::Handle> handles,
+                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
+                                           std::function<void()> finish = {});
+  void check_root(int64_t root, const char* op) const;
+
+  std::unique_ptr<transport::Bootstrap> bootstrap_;
+  std::shared_ptr<sched::Communicator> comm_;
+  std::shared_ptr<CompletionQueue> completions_;
+  std::chrono::milliseconds timeout_;
+  std::string group_name_;
+};
+
+}  // namespace dlop::backend

@@ -1,0 +1,8 @@
+// dlop._C: the extension module. Each area binds its own part.
+#include "bindings.hpp"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dlop's native parts: the c10d backend and the offloaded data pipeline";
+  dlop::python::bind_backend(m);
+  dlop::python::bind_offload(m);
+}

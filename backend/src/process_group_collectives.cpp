@@ -1,0 +1,427 @@
+// ProcessGroupDlop's collectives: each checks its tensors, stages what is not
+// contiguous (or has to be packed, like a list of outputs) and submits to the
+// engine; the Work copies staged results back before completing its future.
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+#include "backend/process_group_dlop.hpp"
+#include "tensor_args.hpp"
+#include "work_dlop.hpp"
+
+namespace dlop::backend {
+namespace {
+
+using c10d::OpType;
+using coll::DataType;
+
+// Blocking torch calls (async_op=False) wait at once: let the caller's thread
+// drive the engine instead of waking the progress thread. asyncOp is missing
+// from older torch headers.
+template <class Options>
+bool caller_waits(const Options& opts) {
+  if constexpr (requires { opts.asyncOp; }) {
+    return !opts.asyncOp;
+  } else {
+    return false;
+  }
+}
+
+// The tensors as one contiguous byte buffer, in order.
+at::Tensor pack_bytes(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> bytes;
+  bytes.reserve(tensors.size());
+  for (const auto& t : tensors) bytes.push_back(t.contiguous().reshape(-1).view(at::kByte));
+  return bytes.empty() ? at::empty({0}, at::kByte) : at::cat(bytes);
+}
+
+// Copies consecutive pieces of `flat` (bytes) into the tensors, in order,
+// starting at byte `offset`; returns the offset after the last one.
+std::size_t unpack_bytes(const at::Tensor& flat, std::size_t offset, const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    const auto n = static_cast<int64_t>(t.nbytes());
+    t.copy_(flat.narrow(0, static_cast<int64_t>(offset), n).view(t.scalar_type()).view(t.sizes()));
+    offset += static_cast<std::size_t>(n);
+  }
+  return offset;
+}
+
+void check_list(const std::vector<at::Tensor>& list, std::size_t size, const at::Tensor& like, bool same_numel,
+                std::string_view op) {
+  TORCH_CHECK_VALUE(list.size() == size, "dlop ", op, ": expects a list of ", size, " tensors, got ", list.size());
+  for (const auto& t : list) {
+    check_tensor(t, op);
+    check_same_dtype(t, like, op);
+    TORCH_CHECK_VALUE(!same_numel || t.numel() == like.numel(), "dlop ", op, ": tensor of ", t.numel(),
+                      " elements where ", like.numel(), " were expected");
+  }
+}
+
+std::vector<std::size_t> byte_counts(const std::vector<at::Tensor>& list) {
+  std::vector<std::size_t> counts;
+  for (const auto& t : list) counts.push_back(t.nbytes());
+  return counts;
+}
+
+bool all_equal(const std::vector<std::size_t>& counts) {
+  return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  const auto& tensor = single_tensor(tensors, "allreduce");
+  const auto op = engine_op(opts.reduceOp, "allreduce");
+  auto stage = staged(tensor);
+  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
+  const auto view = reduce_view(stage, opts.reduceOp, "allreduce");
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
+  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
+  for (const auto& t : tensors) {
+    check_tensor(t, "allreduce_coalesced");
+    check_same_dtype(t, tensors[0], "allreduce_coalesced");
+  }
+  const auto op = engine_op(opts.reduceOp, "allreduce_coalesced");
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : tensors) flat_parts.push_back(t.reshape(-1));
+  auto flat = at::cat(flat_parts);
+  if (auto factor = premul_factor(opts.reduceOp, flat)) flat.mul_(*factor);
+  const auto view = reduce_view(flat, opts.reduceOp, "allreduce_coalesced");
+  auto handle = torch_errors(
+      [&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, op_options(opts.timeout)); });
+  return make_work(OpType::ALLREDUCE_COALESCED, {std::move(handle)}, tensors, {flat}, [tensors, flat] {
+    unpack_bytes(flat.view(at::kByte), 0, tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  const auto& tensor = single_tensor(tensors, "broadcast");
+  check_root(opts.rootRank, "broadcast");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "dlop broadcast: invalid root tensor ", opts.rootTensor);
+  auto stage = staged(tensor);
+  const auto view = byte_view(stage);
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] {
+    return comm_->broadcast(view.data, view.count, view.dtype, static_cast<int>(opts.rootRank), options);
+  });
+  return make_work(OpType::BROADCAST, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  const auto& tensor = single_tensor(tensors, "reduce");
+  check_root(opts.rootRank, "reduce");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "dlop reduce: invalid root tensor ", opts.rootTensor);
+  const auto op = engine_op(opts.reduceOp, "reduce");
+  auto stage = staged(tensor);
+  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
+  const auto view = reduce_view(stage, opts.reduceOp, "reduce");
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] {
+    return comm_->reduce(view.data, view.data, view.count, view.dtype, op, static_cast<int>(opts.rootRank), options);
+  });
+  return make_work(OpType::REDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  const auto& input = single_tensor(inputs, "allgather");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
+  const auto& list = outputs[0];
+  check_list(list, static_cast<std::size_t>(getSize()), input, false, "allgather");
+  const auto counts = byte_counts(list);
+  TORCH_CHECK_VALUE(counts[static_cast<std::size_t>(getRank())] == input.nbytes(), "dlop allgather: this rank's output ",
+                    "tensor has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, its input ",
+                    input.numel());
+  auto in = input.contiguous();
+  auto flat = at::empty({static_cast<int64_t>(std::accumulate(counts.begin(), counts.end(), std::size_t{0}))}, at::kByte);
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] {
+    return all_equal(counts) ? comm_->allgather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, options)
+                             : comm_->allgatherv(in.data_ptr(), flat.data_ptr(), counts, DataType::kUInt8, options);
+  });
+  return make_work(OpType::ALLGATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  check_tensor(input, "all_gather_into_tensor");
+  check_tensor(output, "all_gather_into_tensor");
+  check_same_dtype(input, output, "all_gather_into_tensor");
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "dlop all_gather_into_tensor: output has ",
+                    output.numel(), " elements, expected ", input.numel(), " x ", getSize());
+  auto in = input.contiguous();
+  auto out = staged(output);
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors(
+      [&] { return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, options); });
+  return make_work(OpType::_ALLGATHER_BASE, {std::move(handle)}, {output}, {in, out},
+                   [output, out] { copy_back(output, out); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                     std::vector<at::Tensor>& inputs,
+                                                                     const c10d::AllgatherOptions& opts) {
+  // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
+  // inputs packed together.
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
+                    getSize(), " output lists, got ", outputs.size());
+  for (const auto& t : inputs) check_tensor(t, "allgather_coalesced");
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), "dlop allgather_coalesced: output list of ", list.size(),
+                      " tensors for ", inputs.size(), " inputs");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      check_tensor(list[i], "allgather_coalesced");
+      check_same_dtype(list[i], inputs[i], "allgather_coalesced");
+      TORCH_CHECK_VALUE(list[i].numel() == inputs[i].numel(), "dlop allgather_coalesced: output ", i, " has ",
+                        list[i].numel(), " elements, input ", inputs[i].numel());
+    }
+  }
+  auto packed = pack_bytes(inputs);
+  auto flat = at::empty({packed.numel() * getSize()}, at::kByte);
+  auto handle = torch_errors([&] {
+    return comm_->allgather(packed.data_ptr(), flat.data_ptr(), packed.nbytes(), DataType::kUInt8,
+                            op_options(opts.timeout));
+  });
+  std::vector<at::Tensor> all_outputs;
+  for (const auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
+  return make_work(OpType::ALLGATHER_COALESCED, {std::move(handle)}, all_outputs, {packed, flat},
+                   [all_outputs, flat] { unpack_bytes(flat, 0, all_outputs); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  std::vector<sched::Handle> handles;
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto& input = inputs[i];
+    auto& output = outputs[i];
+    check_tensor(input, "allgather_into_tensor_coalesced");
+    check_tensor(output, "allgather_into_tensor_coalesced");
+    check_same_dtype(input, output, "allgather_into_tensor_coalesced");
+    TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "dlop allgather_into_tensor_coalesced: output ", i,
+                      " has ", output.numel(), " elements, expected ", input.numel(), " x ", getSize());
+    auto in = input.contiguous();
+    auto out = staged(output);
+    handles.push_back(torch_errors([&] {
+      return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, op_options(opts.timeout));
+    }));
+    keep.insert(keep.end(), {in, out});
+    copies.emplace_back(output, out);
+  }
+  return make_work(OpType::COALESCED, std::move(handles), outputs, std::move(keep), [copies] {
+    for (const auto& [user, stage] : copies) copy_back(user, stage);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  const auto& input = single_tensor(inputs, "gather");
+  check_root(opts.rootRank, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> list;
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1, "dlop gather: the root expects one output list, got ", outputs.size());
+    list = outputs[0];
+    check_list(list, static_cast<std::size_t>(getSize()), input, true, "gather");
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                      "dlop gather: only the root (rank ", root, ") takes output tensors");
+  }
+  auto in = input.contiguous();
+  auto flat = at::empty({getRank() == root ? static_cast<int64_t>(in.nbytes()) * getSize() : 0}, at::kByte);
+  auto handle = torch_errors([&] {
+    return comm_->gather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, root, op_options(opts.timeout));
+  });
+  return make_work(OpType::GATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  const auto& output = single_tensor(outputs, "scatter");
+  check_root(opts.rootRank, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor packed = at::empty({0}, at::kByte);
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1, "dlop scatter: the root expects one input list, got ", inputs.size());
+    check_list(inputs[0], static_cast<std::size_t>(getSize()), output, true, "scatter");
+    packed = pack_bytes(inputs[0]);
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                      "dlop scatter: only the root (rank ", root, ") takes input tensors");
+  }
+  auto out = staged(output);
+  auto handle = torch_errors([&] {
+    return comm_->scatter(packed.data_ptr(), out.data_ptr(), out.nbytes(), DataType::kUInt8, root,
+                          op_options(opts.timeout));
+  });
+  return make_work(OpType::SCATTER, {std::move(handle)}, {output}, {packed, out}, [output, out] { copy_back(output, out); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  const auto& output = single_tensor(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
+  const auto& list = inputs[0];
+  check_list(list, static_cast<std::size_t>(getSize()), output, false, "reduce_scatter");
+  TORCH_CHECK_VALUE(list[static_cast<std::size_t>(getRank())].numel() == output.numel(), "dlop reduce_scatter: input ",
+                    getRank(), " has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, the output ",
+                    output.numel());
+  const auto op = engine_op(opts.reduceOp, "reduce_scatter");
+  std::vector<at::Tensor> flat_parts;
+  std::vector<std::size_t> counts;
+  for (const auto& t : list) {
+    flat_parts.push_back(t.reshape(-1));
+    counts.push_back(static_cast<std::size_t>(t.numel()) * (t.is_complex() ? 2 : 1));
+  }
+  auto flat = at::cat(flat_parts);
+  if (auto factor = premul_factor(opts.reduceOp, flat)) flat.mul_(*factor);
+  const auto view = reduce_view(flat, opts.reduceOp, "reduce_scatter");
+  auto out = staged(output);
+  const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter");
+  auto handle = torch_errors([&] {
+    return all_equal(counts)
+               ? comm_->reduce_scatter(view.data, out_view.data, out_view.count, view.dtype, op, op_options(opts.timeout))
+               : comm_->reduce_scatterv(view.data, out_view.data, counts, view.dtype, op, op_options(opts.timeout));
+  });
+  return make_work(OpType::REDUCE_SCATTER, {std::move(handle)}, {output}, {flat, out},
+                   [output, out] { copy_back(output, out); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  check_tensor(input, "reduce_scatter_tensor");
+  check_tensor(output, "reduce_scatter_tensor");
+  check_same_dtype(input, output, "reduce_scatter_tensor");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor: input has ",
+                    input.numel(), " elements, expected ", output.numel(), " x ", getSize());
+  const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor");
+  auto in = input.contiguous();
+  if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;  // never scale the caller's input
+  auto out = staged(output);
+  const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor");
+  const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor");
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] {
+    return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op, options);
+  });
+  return make_work(OpType::_REDUCE_SCATTER_BASE, {std::move(handle)}, {output}, {in, out},
+                   [output, out] { copy_back(output, out); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  std::vector<sched::Handle> handles;
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto& input = inputs[i];
+    auto& output = outputs[i];
+    check_tensor(input, "reduce_scatter_tensor_coalesced");
+    check_tensor(output, "reduce_scatter_tensor_coalesced");
+    check_same_dtype(input, output, "reduce_scatter_tensor_coalesced");
+    TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor_coalesced: input ", i,
+                      " has ", input.numel(), " elements, expected ", output.numel(), " x ", getSize());
+    auto in = input.contiguous();
+    if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;
+    auto out = staged(output);
+    const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+    const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+    handles.push_back(torch_errors([&] {
+      return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op,
+                                   op_options(opts.timeout));
+    }));
+    keep.insert(keep.end(), {in, out});
+    copies.emplace_back(output, out);
+  }
+  return make_work(OpType::COALESCED, std::move(handles), outputs, std::move(keep), [copies] {
+    for (const auto& [user, stage] : copies) copy_back(user, stage);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_split_sizes,
+                                                               std::vector<int64_t>& input_split_sizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  check_tensor(input, "all_to_all_single");
+  check_tensor(output, "all_to_all_single");
+  check_same_dtype(input, output, "all_to_all_single");
+  auto in = input.contiguous();
+  auto out = staged(output);
+  // Split sizes count rows (the first dimension); the engine counts bytes.
+  const auto byte_splits = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const auto row_bytes = rows == 0 ? std::size_t{0} : t.nbytes() / static_cast<std::size_t>(rows);
+    std::vector<std::size_t> counts;
+    if (splits.empty()) {
+      TORCH_CHECK_VALUE(rows % getSize() == 0, "dlop all_to_all_single: ", which, " has ", rows,
+                        " rows, not divisible by the group size ", getSize());
+      counts.assign(static_cast<std::size_t>(getSize()), row_bytes * static_cast<std::size_t>(rows / getSize()));
+      return counts;
+    }
+    TORCH_CHECK_VALUE(splits.size() == static_cast<std::size_t>(getSize()), "dlop all_to_all_single: ", splits.size(),
+                      " ", which, " split sizes for a group of ", getSize());
+    int64_t total = 0;
+    for (const auto s : splits) {
+      TORCH_CHECK_VALUE(s >= 0, "dlop all_to_all_single: negative ", which, " split size ", s);
+      total += s;
+      counts.push_back(row_bytes * static_cast<std::size_t>(s));
+    }
+    TORCH_CHECK_VALUE(total == rows, "dlop all_to_all_single: ", which, " split sizes add up to ", total,
+                      " rows but the tensor has ", rows);
+    return counts;
+  };
+  auto send_counts = byte_splits(in, input_split_sizes, "input");
+  auto recv_counts = byte_splits(out, output_split_sizes, "output");
+  auto handle = torch_errors([&] {
+    return comm_->alltoallv(in.data_ptr(), std::move(send_counts), out.data_ptr(), std::move(recv_counts),
+                            DataType::kUInt8, op_options(opts.timeout));
+  });
+  return make_work(OpType::ALLTOALL_BASE, {std::move(handle)}, {output}, {in, out},
+                   [output, out] { copy_back(output, out); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(!inputs.empty(), "dlop all_to_all: no input tensors");
+  check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
+  check_list(outputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
+  auto packed = pack_bytes(inputs);
+  auto recv_counts = byte_counts(outputs);
+  auto flat = at::empty({static_cast<int64_t>(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}))},
+                        at::kByte);
+  auto handle = torch_errors([&] {
+    return comm_->alltoallv(packed.data_ptr(), byte_counts(inputs), flat.data_ptr(), std::move(recv_counts),
+                            DataType::kUInt8, op_options(opts.timeout));
+  });
+  return make_work(OpType::ALLTOALL, {std::move(handle)}, outputs, {packed, flat},
+                   [outputs, flat] { unpack_bytes(flat, 0, outputs); });
+}
+
+}  // namespace dlop::backend

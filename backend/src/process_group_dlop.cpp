@@ -1,0 +1,164 @@
+// ProcessGroupDlop: construction, Work plumbing, point to point, barriers.
+// The collectives are in process_group_collectives.cpp.
+#include "backend/process_group_dlop.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "c10d_store.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "tensor_args.hpp"
+#include "work_dlop.hpp"
+#include "world_registry.hpp"
+
+namespace dlop::backend {
+namespace {
+
+// torch's p2p tags are non-negative ints; tags from 2^31 on are dlop's own.
+constexpr std::uint32_t kMonitoredBarrierTag = 0x80000001u;
+
+void check_tag(int tag, std::string_view op) {
+  TORCH_CHECK_VALUE(tag >= 0, "dlop ", op, ": tag must be non-negative, got ", tag);
+}
+
+}  // namespace
+
+ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   std::chrono::milliseconds timeout, std::vector<int> global_ranks,
+                                   std::string group_name)
+    : c10d::Backend(rank, size), timeout_(timeout), group_name_(std::move(group_name)) {
+  TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "dlop: rank ", rank, " of a group of ", size);
+  TORCH_CHECK_VALUE(global_ranks.empty() || global_ranks.size() == static_cast<std::size_t>(size), "dlop: group of ",
+                    size, " ranks with ", global_ranks.size(), " global ranks");
+  bootstrap_ = std::make_unique<transport::Bootstrap>(std::make_shared<C10dStore>(store), rank, size, "dlop");
+  sched::Communicator::Options options;
+  options.timeout = timeout;
+  try {
+    comm_ = make_group_communicator(*bootstrap_, global_ranks, options);
+  } catch (...) {
+    std::rethrow_exception(to_torch_error(std::current_exception()));
+  }
+  completions_ = shared_completion_queue();
+  log().debug("process group '{}': rank {} of {}, {} host(s)", group_name_, rank, size, comm_->hosts());
+}
+
+ProcessGroupDlop::~ProcessGroupDlop() { shutdown(); }
+
+void ProcessGroupDlop::abort() {
+  if (comm_) comm_->abort("the process group was aborted");
+  shutdown();
+}
+
+void ProcessGroupDlop::shutdown() {
+  // Pending operations keep the engine (and the Works their tensors) alive
+  // until they finish or time out; the completion thread stops once the
+  // last group lets go of it.
+  completions_.reset();
+  comm_.reset();
+}
+
+sched::OpOptions ProcessGroupDlop::op_options(std::chrono::milliseconds timeout) const {
+  TORCH_CHECK(comm_ != nullptr, "dlop: the process group has been shut down");
+  sched::OpOptions options;
+  options.timeout = timeout.count() > 0 ? timeout : timeout_;
+  return options;
+}
+
+void ProcessGroupDlop::check_root(int64_t root, const char* op) const {
+  TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "dlop ", op, ": invalid root rank ", root, " for a group of ",
+                    getSize());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, std::vector<sched::Handle> handles,
+                                                           std::vector<at::Tensor> outputs,
+                                                           std::vector<at::Tensor> keep_alive,
+                                                           std::function<void()> finish) {
+  auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
+                                            std::move(finish));
+  work->attach(std::move(handles), completions_);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::barrier(const c10d::BarrierOptions& opts) {
+  auto options = op_options(opts.timeout);
+  return make_work(c10d::OpType::BARRIER, {comm_->barrier(options)}, {}, {});
+}
+
+void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  auto options = op_options(opts.timeout);
+  const auto timeout = *options.timeout;
+  std::uint8_t token = 1;
+  const auto passed = [&](const sched::Handle& handle) {
+    try {
+      handle.wait(timeout);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (getRank() != 0) {
+    auto sent = comm_->send(&token, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
+    std::uint8_t ack = 0;
+    auto acked = comm_->recv(&ack, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
+    TORCH_CHECK(passed(sent) && passed(acked), "[Rank ", getRank(),
+                "]: rank 0 did not complete monitoredBarrier within ", timeout.count(), " ms");
+    return;
+  }
+  std::vector<std::uint8_t> tokens(static_cast<std::size_t>(getSize()));
+  std::vector<sched::Handle> arrivals(static_cast<std::size_t>(getSize()));
+  for (int r = 1; r < getSize(); ++r) {
+    arrivals[r] = comm_->recv(&tokens[r], 1, coll::DataType::kUInt8, r, kMonitoredBarrierTag, options);
+  }
+  std::vector<int> missing;
+  for (int r = 1; r < getSize(); ++r) {
+    if (passed(arrivals[r])) continue;
+    missing.push_back(r);
+    TORCH_CHECK(wait_all_ranks, "[Rank 0]: Rank ", r, " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+  }
+  TORCH_CHECK(missing.empty(), "[Rank 0]: Ranks ", fmt::format("{}", fmt::join(missing, ", ")),
+              " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+  std::vector<sched::Handle> acks;
+  for (int r = 1; r < getSize(); ++r) {
+    acks.push_back(comm_->send(&token, 1, coll::DataType::kUInt8, r, kMonitoredBarrierTag, options));
+  }
+  for (const auto& ack : acks) ack.wait();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const auto& tensor = single_tensor(tensors, "send");
+  check_tag(tag, "send");
+  TORCH_CHECK_VALUE(dst_rank >= 0 && dst_rank < getSize(), "dlop send: invalid destination rank ", dst_rank,
+                    " for a group of ", getSize());
+  auto stage = staged(tensor);
+  const auto view = byte_view(stage);
+  auto handle = comm_->send(view.data, view.count, view.dtype, dst_rank, static_cast<std::uint32_t>(tag),
+                            op_options(timeout_));
+  return make_work(c10d::OpType::SEND, {std::move(handle)}, {}, {tensor, stage});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const auto& tensor = single_tensor(tensors, "recv");
+  check_tag(tag, "recv");
+  TORCH_CHECK_VALUE(src_rank >= 0 && src_rank < getSize(), "dlop recv: invalid source rank ", src_rank,
+                    " for a group of ", getSize());
+  auto stage = staged(tensor);
+  const auto view = byte_view(stage);
+  auto handle = comm_->recv(view.data, view.count, view.dtype, src_rank, static_cast<std::uint32_t>(tag),
+                            op_options(timeout_));
+  return make_work(c10d::OpType::RECV, {std::move(handle)}, {tensor}, {stage},
+                   [tensor, stage] { copy_back(tensor, stage); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const auto& tensor = single_tensor(tensors, "recv");
+  check_tag(tag, "recv");
+  auto stage = staged(tensor);
+  const auto view = byte_view(stage);
+  auto handle = comm_->recv(view.data, view.count, view.dtype, -1, static_cast<std::uint32_t>(tag),
+                            op_options(timeout_));
+  return make_work(c10d::OpType::RECVANYSOURCE, {std::move(handle)}, {tensor}, {stage},
+                   [tensor, stage] { copy_back(tensor, stage); });
+}
+
+}  // namespace dlop::backend

@@ -1,0 +1,160 @@
+#include "work_dlop.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dlop::backend {
+
+std::exception_ptr to_torch_error(std::exception_ptr error) {
+  if (!error) return nullptr;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error&) {
+    return error;
+  } catch (const Error& e) {
+    try {
+      if (e.code() == Errc::kInvalidArgument) {
+        C10_THROW_ERROR(ValueError, e.what());
+      }
+      C10_THROW_ERROR(DistBackendError, e.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (const std::exception& e) {
+    try {
+      C10_THROW_ERROR(DistBackendError, std::string("dlop: ") + e.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+  return error;
+}
+
+CompletionQueue::CompletionQueue() : thread_([this] { run(); }) {}
+
+CompletionQueue::~CompletionQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void CompletionQueue::push(c10::intrusive_ptr<WorkDlop> work) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(work));
+  }
+  wake_.notify_one();
+}
+
+void CompletionQueue::run() {
+  pthread_setname_np(pthread_self(), "dlop-complete");
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    auto work = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    work->complete();
+    work.reset();  // drop the tensors outside the lock
+    lock.lock();
+  }
+}
+
+WorkDlop::WorkDlop(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
+                   std::function<void()> finish)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      keep_alive_(std::move(keep_alive)),
+      finish_(std::move(finish)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void WorkDlop::attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue) {
+  handles_ = std::move(handles);
+  remaining_.store(static_cast<int>(handles_.size()) + 1);  // +1: attach itself
+  auto self = c10::intrusive_ptr<WorkDlop>::reclaim_copy(this);
+  // Weak: the queue belongs to the process groups; once they are gone (shut
+  // down), the last handle completes the Work on its own thread.
+  auto on_done = [self, weak_queue = std::weak_ptr<CompletionQueue>(queue)](std::exception_ptr) {
+    if (self->remaining_.fetch_sub(1) != 1) return;
+    if (auto live = weak_queue.lock()) {
+      live->push(self);
+    } else {
+      self->complete();
+    }
+  };
+  for (const auto& handle : handles_) handle.on_complete(on_done);
+  on_done(nullptr);
+}
+
+bool WorkDlop::isCompleted() {
+  if (!c10d::Work::isCompleted()) {
+    bool all_done = true;
+    for (const auto& handle : handles_) all_done = handle.test() && all_done;
+    if (all_done) complete();
+  }
+  return c10d::Work::isCompleted();
+}
+
+bool WorkDlop::wait(std::chrono::milliseconds timeout) {
+  const bool bounded = timeout != kNoTimeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& handle : handles_) {
+    try {
+      if (!bounded) {
+        handle.wait();
+        continue;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      handle.wait(std::max(left, std::chrono::milliseconds(0)));
+    } catch (const Error& e) {
+      // A wait that ran out of the caller's time leaves the operation running;
+      // one that failed is completed below and rethrown by Work::wait.
+      if (e.code() == Errc::kTimeout && !handle.test()) {
+        C10_THROW_ERROR(DistBackendError, fmt::format("dlop: Work.wait timed out after {} ms waiting for {}",
+                                                      timeout.count(), handle.describe()));
+      }
+    } catch (...) {
+    }
+  }
+  complete();
+  return c10d::Work::wait(timeout);
+}
+
+void WorkDlop::complete() {
+  if (completing_.exchange(true)) return;
+  std::exception_ptr error;
+  for (const auto& handle : handles_) {
+    if (auto e = handle.error()) {
+      error = to_torch_error(e);
+      break;
+    }
+  }
+  if (!error && finish_) {
+    try {
+      finish_();
+    } catch (...) {
+      error = to_torch_error(std::current_exception());
+    }
+  }
+  finish_ = nullptr;
+  keep_alive_.clear();
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkDlop::getFuture() { return future_; }
+
+int WorkDlop::sourceRank() const { return handles_.empty() ? -1 : handles_.front().source(); }
+
+}  // namespace dlop::backend

@@ -1,0 +1,93 @@
+// WorkDlop: the c10d::Work of one ProcessGroupDlop call, made of one or more
+// engine handles (a coalesced call submits several).
+//
+// Completion (copying staged results back, marking the future) never runs on
+// the engine's thread: DDP's and users' future callbacks run inline when the
+// future completes, and one that waits on another collective would block the
+// engine that has to progress it. So the last handle to finish queues the
+// Work on the process's CompletionQueue, or a caller blocked in wait()
+// completes it first itself (lower latency, no thread hand-off).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "scheduler/handle.hpp"
+
+namespace dlop::backend {
+
+class WorkDlop;
+
+class CompletionQueue {
+ public:
+  CompletionQueue();
+  ~CompletionQueue();  // completes what is queued, then joins
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+  void push(c10::intrusive_ptr<WorkDlop> work);
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<c10::intrusive_ptr<WorkDlop>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class WorkDlop : public c10d::Work {
+ public:
+  WorkDlop(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
+           std::function<void()> finish);
+  // Hooks the handles up; call once, right after construction.
+  void attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
+
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override;
+
+  // Finishes the Work once: error or copy-back, then the future. Idempotent.
+  void complete();
+
+ private:
+  std::vector<sched::Handle> handles_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_alive_;
+  std::function<void()> finish_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> completing_{false};
+};
+
+// A torch exception for a dlop error: ValueError for invalid arguments,
+// DistBackendError for the rest (timeouts, dead peers, transport).
+std::exception_ptr to_torch_error(std::exception_ptr error);
+
+}  // namespace dlop::backend
+
+namespace dlop::backend {
+
+// Runs f, turning a dlop::Error it throws (an argument the engine refused
+// before sending anything) into the matching torch exception.
+template <class F>
+decltype(auto) torch_errors(F&& f) {
+  try {
+    return f();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    std::rethrow_exception(to_torch_error(std::current_exception()));
+  }
+}
+
+}  // namespace dlop::backend

@@ -1,0 +1,86 @@
+"""Registration of the "dlop" backend with torch.distributed, and init()."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+BACKEND_NAME = "dlop"
+
+
+def _create_backend(dist_options, _backend_options):
+    # torch's extended creator API: dist_options carries the group's store,
+    # rank, size, timeout, name and its ranks in the default group (empty for
+    # the default group itself), which lets sub-groups share its engine.
+    from dlop import _C
+
+    return _C.ProcessGroupDlop(
+        dist_options.store,
+        dist_options.group_rank,
+        dist_options.group_size,
+        dist_options.timeout,
+        list(dist_options.global_ranks_in_group),
+        str(dist_options.group_id),
+    )
+
+
+def register_backend() -> None:
+    """Registers backend "dlop" for CPU tensors (idempotent)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    # CUDA is claimed too so that a CUDA tensor reaches dlop and gets its
+    # message ("CUDA tensors are not supported yet") rather than a lookup error.
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _autoload() -> None:
+    """Entry point (groups torch.backends and torch.distributed.backends)."""
+    register_backend()
+
+
+def _launcher_rank_size() -> tuple[int, int, int] | None:
+    """(rank, size, local rank) from Open MPI, MPICH/PMI or SLURM, if launched by one."""
+    env = os.environ
+    for rank_var, size_var, local_var in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    ):
+        if rank_var in env and size_var in env:
+            return int(env[rank_var]), int(env[size_var]), int(env.get(local_var, "0"))
+    return None
+
+
+def init(timeout: datetime.timedelta | None = None, init_method: str | None = None) -> None:
+    """Initialises the default process group with backend "dlop".
+
+    Under torchrun (RANK/WORLD_SIZE set) this is init_process_group("dlop").
+    Under mpirun or srun it takes rank and size from the launcher's variables,
+    sets RANK, WORLD_SIZE and LOCAL_RANK, and rendezvous at MASTER_ADDR:MASTER_PORT
+    (default 127.0.0.1:29500; set MASTER_ADDR to the first host for several hosts).
+    """
+    import torch.distributed as dist
+
+    register_backend()
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        launched = _launcher_rank_size()
+        if launched is None:
+            raise RuntimeError(
+                "dlop.init: no rank and size found: launch with torchrun (RANK, WORLD_SIZE), "
+                "mpirun (OMPI_COMM_WORLD_RANK/SIZE), PMI or srun (SLURM_PROCID, SLURM_NTASKS)"
+            )
+        rank, size, local_rank = launched
+        env.setdefault("LOCAL_RANK", str(local_rank))
+        env["RANK"] = str(rank)
+        env["WORLD_SIZE"] = str(size)
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", "29500")
+    kwargs = {"backend": BACKEND_NAME, "init_method": init_method or "env://"}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    dist.init_process_group(**kwargs)

@@ -150,37 +150,21 @@ struct IntLanes : SiMem {
   static V bxor(V a, V b) { return _mm256_xor_si256(a, b); }
 };
 
-struct BoolLanes : SiMem {  // any non-zero byte is true; results are 0 or 1
-  using T = std::uint8_t;
+struct BoolLogic : SiMem {  // any non-zero byte is true; results are 0 or 1
   static constexpr size_t kLanes = 32;
-  static constexpr bool kBitwise = true;
   static V is_zero(V v) { return _mm256_cmpeq_epi8(v, _mm256_setzero_si256()); }
   static V one() { return _mm256_set1_epi8(1); }
   static V lor(V a, V b) { return _mm256_andnot_si256(is_zero(_mm256_or_si256(a, b)), one()); }
   static V land(V a, V b) { return _mm256_andnot_si256(_mm256_or_si256(is_zero(a), is_zero(b)), one()); }
   static V lxor(V a, V b) { return _mm256_and_si256(_mm256_xor_si256(is_zero(a), is_zero(b)), one()); }
-  static V sum(V a, V b) { return lor(a, b); }
-  static V prod(V a, V b) { return land(a, b); }
-  static V min(V a, V b) { return land(a, b); }
-  static V max(V a, V b) { return lor(a, b); }
-  static V band(V a, V b) { return land(a, b); }
-  static V bor(V a, V b) { return lor(a, b); }
-  static V bxor(V a, V b) { return lxor(a, b); }
 };
-
-// Tails finish with the scalar kernel (no masked loads and stores in AVX2).
-void reduce_avx2(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t n) {
-  reduce_by_dtype<F32, F64, F16, BF16, IntLanes, BoolLanes>(op, dtype, dst, a, b, n);
-}
-
-void divide_avx2(DataType dtype, void* data, size_t n, int nranks) {
-  divide_by_dtype<F32, F64, F16, BF16>(dtype, data, n, nranks);
-}
 
 }  // namespace
 
 const ReduceKernels& avx2_kernels() {
-  static constexpr ReduceKernels kKernels{"avx2", reduce_avx2, divide_avx2};
+  // Tails finish with the scalar kernel: AVX2 has no masked byte loads and stores.
+  static constexpr ReduceKernels kKernels{"avx2", reduce_by_dtype<F32, F64, F16, BF16, IntLanes, BoolOps<BoolLogic>>,
+                                          divide_by_dtype<F32, F64, F16, BF16>};
   return kKernels;
 }
 

@@ -192,36 +192,21 @@ struct IntLanes : SiMem<sizeof(Int)> {
   static V bxor(V a, V b) { return _mm512_xor_si512(a, b); }
 };
 
-struct BoolLanes : SiMem<1> {  // any non-zero byte is true; results are 0 or 1
-  using T = std::uint8_t;
-  static constexpr bool kBitwise = true;
+struct BoolLogic : SiMem<1> {  // any non-zero byte is true; results are 0 or 1
   static __mmask64 truth(V v) { return _mm512_test_epi8_mask(v, v); }
   static V from(__mmask64 k) { return _mm512_maskz_mov_epi8(k, _mm512_set1_epi8(1)); }
   static V lor(V a, V b) { return from(truth(_mm512_or_si512(a, b))); }
   static V land(V a, V b) { return from(_kand_mask64(truth(a), truth(b))); }
   static V lxor(V a, V b) { return from(_kxor_mask64(truth(a), truth(b))); }
-  static V sum(V a, V b) { return lor(a, b); }
-  static V prod(V a, V b) { return land(a, b); }
-  static V min(V a, V b) { return land(a, b); }
-  static V max(V a, V b) { return lor(a, b); }
-  static V band(V a, V b) { return land(a, b); }
-  static V bor(V a, V b) { return lor(a, b); }
-  static V bxor(V a, V b) { return lxor(a, b); }
 };
-
-// Tails use masked loads and stores (load_part, store_part).
-void reduce_avx512(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t n) {
-  reduce_by_dtype<F32, F64, F16, BF16, IntLanes, BoolLanes>(op, dtype, dst, a, b, n);
-}
-
-void divide_avx512(DataType dtype, void* data, size_t n, int nranks) {
-  divide_by_dtype<F32, F64, F16, BF16>(dtype, data, n, nranks);
-}
 
 }  // namespace
 
 const ReduceKernels& avx512_kernels() {
-  static constexpr ReduceKernels kKernels{"avx512", reduce_avx512, divide_avx512};
+  // Tails use masked loads and stores (load_part, store_part).
+  static constexpr ReduceKernels kKernels{"avx512",
+                                          reduce_by_dtype<F32, F64, F16, BF16, IntLanes, BoolOps<BoolLogic>>,
+                                          divide_by_dtype<F32, F64, F16, BF16>};
   return kKernels;
 }
 

@@ -7,8 +7,8 @@
 // inline function defined here would be emitted by each of them; the linker
 // keeps one copy, possibly the AVX-512 one, which the scalar path would then
 // run on a CPU without AVX-512. The same holds for any out-of-line template
-// from the standard library: the ISA files use intrinsics and their own
-// functions in anonymous namespaces only.
+// from the standard library: the ISA files use intrinsics, their own
+// functions and the loops of reduce_simd.hpp, all in anonymous namespaces.
 #pragma once
 
 #include <cstddef>

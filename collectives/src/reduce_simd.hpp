@@ -27,6 +27,23 @@ concept PartialLanes = requires(const Byte* p, Byte* q, typename L::V v, std::si
   L::store_part(q, v, r);
 };
 
+// Bool lanes as the kernels define bool (reduce_kernels.hpp), from an ISA's
+// logical or, and, xor of vectors of bytes (lor, land, lxor: any non-zero
+// byte is true, results are 0 or 1) and its memory access.
+template <typename Logic>
+struct BoolOps : Logic {
+  using T = std::uint8_t;
+  using V = typename Logic::V;
+  static constexpr bool kBitwise = true;
+  static V sum(V a, V b) { return Logic::lor(a, b); }
+  static V prod(V a, V b) { return Logic::land(a, b); }
+  static V min(V a, V b) { return Logic::land(a, b); }
+  static V max(V a, V b) { return Logic::lor(a, b); }
+  static V band(V a, V b) { return Logic::land(a, b); }
+  static V bor(V a, V b) { return Logic::lor(a, b); }
+  static V bxor(V a, V b) { return Logic::lxor(a, b); }
+};
+
 // dst = a op b over n elements: four vectors per step, then one, then the tail.
 template <typename L, typename L::V (*Op)(typename L::V, typename L::V)>
 void reduce_lanes(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, std::size_t n) {

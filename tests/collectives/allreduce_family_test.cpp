@@ -19,40 +19,6 @@ using namespace ref;
 constexpr const char* kAlgorithms[] = {"ring", "recursive_doubling", "rabenseifner"};
 constexpr std::size_t kSmallCounts[] = {0, 1, 7, 1023};
 
-std::uint64_t seed_of(DataType dtype, ReduceOp op, std::size_t count) {
-  return mix(static_cast<std::uint64_t>(dtype) * 131 + static_cast<std::uint64_t>(op) * 7 + count);
-}
-
-CollArgs allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
-  CollArgs args;
-  args.kind = CollKind::kAllreduce;
-  args.dtype = dtype;
-  args.op = op;
-  args.count = count;
-  return args;
-}
-
-// One allreduce of rank-dependent inputs, checked on this rank.
-template <typename NextTag>
-void allreduce_case(const Group& g, NextTag& next_tag, const char* algo, DataType dtype, ReduceOp op,
-                    std::size_t count, bool in_place) {
-  const std::uint64_t seed = seed_of(dtype, op, count);
-  const std::size_t bytes = count * dtype_size(dtype);
-  auto input = make_input(dtype, op, g.rank(), count, seed);
-  std::vector<std::byte> output(in_place ? 0 : bytes + kGuardBytes, std::byte{kGuard});
-  CollArgs args = allreduce_args(dtype, op, count);
-  args.send = input.data();
-  args.recv = in_place ? input.data() : output.data();
-  run(g, args, algo, next_tag());
-  const auto& result = in_place ? input : output;
-  const std::string what = std::string(algo) + (in_place ? " in place" : " out of place");
-  check_reduced(dtype, op, g.size(), result.data(), 0, count, seed, what);
-  EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
-  if (!in_place) {
-    EXPECT_EQ(input, make_input(dtype, op, g.rank(), count, seed)) << what << ": input modified";
-  }
-}
-
 // "ring_ranks3": test names by algorithm and ranks.
 template <typename Info>
 std::string algo_ranks_name(const Info& info) {
@@ -69,7 +35,7 @@ TEST_P(AllreduceSmall, EveryDtypeAndOpInAndOutOfPlace) {
     for (const DataType dtype : kAllDtypes) {
       for (const ReduceOp op : kAllOps) {
         if (!supports(op, dtype)) continue;
-        for (const bool in_place : {false, true}) allreduce_case(g, next_tag, algo, dtype, op, count, in_place);
+        for (const bool in_place : {false, true}) checked_allreduce(g, next_tag(), algo, dtype, op, count, in_place);
       }
     }
   });
@@ -100,7 +66,7 @@ TEST_P(AllreduceLarge, RepresentativePairs) {
       {DataType::kInt64, ReduceOp::kBxor, false},  {DataType::kUInt8, ReduceOp::kMin, true},
   };
   on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
-    for (const Pair& p : kPairs) allreduce_case(g, next_tag, algo, p.dtype, p.op, kLargeCount, p.in_place);
+    for (const Pair& p : kPairs) checked_allreduce(g, next_tag(), algo, p.dtype, p.op, kLargeCount, p.in_place);
   });
 }
 
@@ -131,10 +97,10 @@ TEST_P(AllreduceConcurrent, FourInFlightProgressedRoundRobin) {
     std::vector<std::vector<std::byte>> inputs, outputs;
     std::vector<std::unique_ptr<Task>> tasks;
     for (const Op& o : kOps) {
-      const std::uint64_t seed = seed_of(o.dtype, o.op, o.count);
+      const std::uint64_t seed = case_seed(o.dtype, o.op, o.count);
       inputs.push_back(make_input(o.dtype, o.op, g.rank(), o.count, seed));
       outputs.emplace_back(o.count * dtype_size(o.dtype) + kGuardBytes, std::byte{kGuard});
-      CollArgs args = allreduce_args(o.dtype, o.op, o.count);
+      CollArgs args = make_allreduce_args(o.dtype, o.op, o.count);
       args.send = inputs.back().data();
       args.recv = outputs.back().data();
       tasks.push_back(test::find_algorithm(CollKind::kAllreduce, o.algo).create(args, g, next_tag()));
@@ -149,7 +115,7 @@ TEST_P(AllreduceConcurrent, FourInFlightProgressedRoundRobin) {
     }
     for (std::size_t i = 0; i < std::size(kOps); ++i) {
       const Op& o = kOps[i];
-      check_reduced(o.dtype, o.op, g.size(), outputs[i].data(), 0, o.count, seed_of(o.dtype, o.op, o.count),
+      check_reduced(o.dtype, o.op, g.size(), outputs[i].data(), 0, o.count, case_seed(o.dtype, o.op, o.count),
                     std::string("concurrent ") + o.algo);
       EXPECT_TRUE(guard_intact(outputs[i], o.count * dtype_size(o.dtype))) << o.algo << ": wrote past the end";
     }
@@ -161,38 +127,6 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AllreduceConcurrent, ::testing::Values(2, 3, 4, 
 
 // --- bitwise identical float results on every rank ---------------------------
 
-// Random floats with full mantissas (sums round differently in another
-// order), a few signed zeros (min/max of -0.0 and +0.0 depend on the order).
-void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank) {
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t h = hash(0xF10A7, rank, i);
-    const bool zero = h % 13 == 0;
-    const std::uint64_t sign = (h >> 63) & 1;
-    const std::uint64_t exp = (h >> 40) % 6;  // 2^-2 .. 2^3: no overflow in prod over 5 ranks
-    auto put = [&](auto bits) { std::memcpy(static_cast<std::byte*>(data) + i * sizeof(bits), &bits, sizeof(bits)); };
-    switch (dtype) {
-      case DataType::kFloat32:
-        put(static_cast<std::uint32_t>(sign << 31 | (zero ? 0 : (125 + exp) << 23 | (h & 0x7FFFFF))));
-        break;
-      case DataType::kFloat64:
-        put(static_cast<std::uint64_t>(sign << 63 | (zero ? 0 : (1021 + exp) << 52 | (h & 0xFFFFFFFFFFFFFull))));
-        break;
-      case DataType::kFloat16:
-        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (13 + exp) << 10 | (h & 0x3FF))));
-        break;
-      default:  // bf16
-        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (125 + exp) << 7 | (h & 0x7F))));
-        break;
-    }
-  }
-}
-
-std::uint64_t fnv1a(const std::vector<std::byte>& bytes) {
-  std::uint64_t h = 0xCBF29CE484222325ull;
-  for (const std::byte b : bytes) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001B3ull;
-  return h;
-}
-
 class AllreduceBitwise : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(AllreduceBitwise, EveryRankHoldsTheSameFloatBits) {
@@ -203,10 +137,10 @@ TEST_P(AllreduceBitwise, EveryRankHoldsTheSameFloatBits) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
         std::vector<std::byte> data(kCount * dtype_size(dtype));
         fill_random_floats(dtype, data.data(), kCount, g.rank());
-        CollArgs args = allreduce_args(dtype, op, kCount);
+        CollArgs args = make_allreduce_args(dtype, op, kCount);
         args.send = args.recv = data.data();
         run(g, args, algo, next_tag());
-        const std::uint64_t mine = fnv1a(data);
+        const std::uint64_t mine = fingerprint(data.data(), data.size());
         transport::Bytes published(sizeof(mine));
         std::memcpy(published.data(), &mine, sizeof(mine));
         const auto all = b.allgather(published, 60s);
@@ -241,7 +175,7 @@ TEST(AllreduceFamily, RegistersEveryAlgorithmUnderItsDlopAlgoName) {
 TEST(AllreduceFamily, BitwiseReductionOfFloatsIsRefusedBeforeAnythingIsPosted) {
   on_ranks(2, [](const Group& g, auto next_tag, transport::Bootstrap&) {
     std::vector<float> data(16, 1.0f);
-    CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kBxor, data.size());
+    CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kBxor, data.size());
     args.send = args.recv = data.data();
     for (const char* algo : kAlgorithms) {
       try {

@@ -54,28 +54,9 @@ void on_hosts(const std::vector<std::string>& hosts, Body body) {
   });
 }
 
-std::uint64_t seed_of(DataType dtype, ReduceOp op, std::size_t count) {
-  return mix(static_cast<std::uint64_t>(dtype) * 977 + static_cast<std::uint64_t>(op) * 31 + count + 5);
-}
-
-CollArgs allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
-  CollArgs args;
-  args.kind = CollKind::kAllreduce;
-  args.dtype = dtype;
-  args.op = op;
-  args.count = count;
-  return args;
-}
-
-std::uint64_t fnv1a(const void* data, std::size_t bytes) {
-  std::uint64_t h = 0xCBF29CE484222325ull;
-  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001B3ull;
-  return h;
-}
-
 // Fails unless every rank's `bytes` at `data` hash alike.
 void expect_same_on_every_rank(transport::Bootstrap& b, const void* data, std::size_t bytes, const std::string& what) {
-  const std::uint64_t mine = fnv1a(data, bytes);
+  const std::uint64_t mine = fingerprint(data, bytes);
   transport::Bytes published(sizeof(mine));
   std::memcpy(published.data(), &mine, sizeof(mine));
   const auto all = b.allgather(published, 60s);
@@ -84,27 +65,13 @@ void expect_same_on_every_rank(transport::Bootstrap& b, const void* data, std::s
   }
 }
 
-// One allreduce of rank-dependent inputs by `algo`, checked against the
-// exact reference and across ranks.
+// checked_allreduce(), and the result bitwise alike on every rank.
 template <typename NextTag>
 void allreduce_case(const Group& g, NextTag& next_tag, transport::Bootstrap& b, std::string_view algo,
                     DataType dtype, ReduceOp op, std::size_t count, bool in_place) {
-  const std::uint64_t seed = seed_of(dtype, op, count);
-  const std::size_t bytes = count * dtype_size(dtype);
-  auto input = make_input(dtype, op, g.rank(), count, seed);
-  std::vector<std::byte> output(in_place ? 0 : bytes + kGuardBytes, std::byte{kGuard});
-  CollArgs args = allreduce_args(dtype, op, count);
-  args.send = input.data();
-  args.recv = in_place ? input.data() : output.data();
-  run(g, args, algo, next_tag());
-  const auto& result = in_place ? input : output;
-  const std::string what = std::string(algo) + (in_place ? " in place" : " out of place");
-  check_reduced(dtype, op, g.size(), result.data(), 0, count, seed, what);
-  EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
-  if (!in_place) {
-    EXPECT_EQ(input, make_input(dtype, op, g.rank(), count, seed)) << what << ": input modified";
-  }
-  expect_same_on_every_rank(b, result.data(), bytes, what + " " + pair_name(dtype, op));
+  const auto result = checked_allreduce(g, next_tag(), algo, dtype, op, count, in_place);
+  expect_same_on_every_rank(b, result.data(), count * dtype_size(dtype),
+                            std::string(algo) + " " + pair_name(dtype, op) + (in_place ? " in place" : ""));
 }
 
 struct Pair {
@@ -162,32 +129,6 @@ INSTANTIATE_TEST_SUITE_P(Grid, HierarchicalLarge, ::testing::ValuesIn(kGroupings
 
 // --- bitwise identical float results on every rank ---------------------------
 
-// Random floats with full mantissas, so that another order of the sum rounds
-// differently, and signed zeros, whose min/max depends on the order.
-void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank) {
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t h = hash(0x41E7, rank, i);
-    const bool zero = h % 11 == 0;
-    const std::uint64_t sign = (h >> 63) & 1;
-    const std::uint64_t exp = (h >> 40) % 6;
-    auto put = [&](auto bits) { std::memcpy(static_cast<std::byte*>(data) + i * sizeof(bits), &bits, sizeof(bits)); };
-    switch (dtype) {
-      case DataType::kFloat32:
-        put(static_cast<std::uint32_t>(sign << 31 | (zero ? 0 : (125 + exp) << 23 | (h & 0x7FFFFF))));
-        break;
-      case DataType::kFloat64:
-        put(static_cast<std::uint64_t>(sign << 63 | (zero ? 0 : (1021 + exp) << 52 | (h & 0xFFFFFFFFFFFFFull))));
-        break;
-      case DataType::kFloat16:
-        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (13 + exp) << 10 | (h & 0x3FF))));
-        break;
-      default:  // bf16
-        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (125 + exp) << 7 | (h & 0x7F))));
-        break;
-    }
-  }
-}
-
 class HierarchicalBitwise : public ::testing::TestWithParam<Grouping> {};
 
 TEST_P(HierarchicalBitwise, EveryRankHoldsTheSameFloatBits) {
@@ -198,7 +139,7 @@ TEST_P(HierarchicalBitwise, EveryRankHoldsTheSameFloatBits) {
         const std::size_t count = dtype == DataType::kFloat32 && op == ReduceOp::kSum ? (2u << 20) + 9 : 70001;
         std::vector<std::byte> data(count * dtype_size(dtype));
         fill_random_floats(dtype, data.data(), count, g.rank());
-        CollArgs args = allreduce_args(dtype, op, count);
+        CollArgs args = make_allreduce_args(dtype, op, count);
         args.send = args.recv = data.data();
         run(g, args, "hierarchical", next_tag());
         expect_same_on_every_rank(b, data.data(), data.size(), "hierarchical " + pair_name(dtype, op));
@@ -213,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, HierarchicalBitwise, ::testing::Values(kGroupings
 // --- selection: who accepts, what the table picks -----------------------------
 
 std::string_view table_choice(const Group& g, std::size_t count) {
-  CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
+  CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
   return select_algorithm(args, g, AlgorithmOverrides{}).name;
 }
 
@@ -223,20 +164,20 @@ TEST(HierarchicalSelection, TablePicksItAcrossHostsWithSharedHostsOnly) {
     EXPECT_EQ(g.hosts(), 2);
     EXPECT_EQ(table_choice(g, 16), "recursive_doubling");
     EXPECT_EQ(table_choice(g, 1u << 20), "hierarchical");
-    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
+    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
     EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "cma").accepts(args, g)) << "cma across hosts";
     EXPECT_EQ(select_algorithm(args, g, AlgorithmOverrides::parse("allreduce:cma")).name, "hierarchical");
   });
   // One rank per host: nothing to fold in, it declines (256 KiB: to Rabenseifner).
   on_hosts({"A", "B", "C"}, [](const Group& g, auto, transport::Bootstrap&) {
-    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 16);
+    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 16);
     EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "hierarchical").accepts(args, g));
     EXPECT_EQ(select_algorithm(args, g, AlgorithmOverrides::parse("allreduce:hierarchical")).name, "rabenseifner");
     EXPECT_EQ(table_choice(g, 1u << 20), "ring");
   });
   // One host: it declines, the intra-host algorithm serves.
   on_hosts({"A", "A", "A"}, [](const Group& g, auto, transport::Bootstrap&) {
-    const CollArgs args = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
+    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1u << 20);
     EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "hierarchical").accepts(args, g));
     EXPECT_NE(table_choice(g, 1u << 20), "hierarchical");
   });
@@ -246,7 +187,7 @@ TEST(HierarchicalSelection, OneRankPerHostGetsExactResultsFromTheTable) {
   on_hosts({"A", "B"}, [](const Group& g, auto next_tag, transport::Bootstrap& b) {
     for (const std::size_t count : {std::size_t{7}, kLargeCount}) {
       for (const bool in_place : {false, true}) {
-        const CollArgs args = allreduce_args(DataType::kInt32, ReduceOp::kSum, count);
+        const CollArgs args = make_allreduce_args(DataType::kInt32, ReduceOp::kSum, count);
         allreduce_case(g, next_tag, b, select_algorithm(args, g, AlgorithmOverrides{}).name, DataType::kInt32,
                        ReduceOp::kSum, count, in_place);
       }
@@ -262,7 +203,7 @@ TEST_P(OtherAlgorithmsAcrossHosts, AcceptOnlyWhatTheyServeAndGiveExactResults) {
   on_hosts(GetParam().hosts, [&](const Group& g, auto next_tag, transport::Bootstrap& b) {
     for (const Algorithm& a : all_algorithms()) {
       if (a.kind != CollKind::kAllreduce || a.name == "hierarchical") continue;
-      const CollArgs probe = allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1023);
+      const CollArgs probe = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 1023);
       if (a.name == "cma") {
         EXPECT_FALSE(a.accepts(probe, g)) << "cma accepted ranks on several hosts";
         continue;
@@ -301,7 +242,7 @@ TEST(HierarchicalCommunicator, DefaultSelectionOnTwoHostsOfTwoGivesExactResults)
     EXPECT_EQ(comm->hosts(), 2);
     for (const std::size_t count : {std::size_t{0}, std::size_t{7}, std::size_t{1023}, kLargeCount}) {
       for (const Pair& p : kLargePairs) {
-        const std::uint64_t seed = seed_of(p.dtype, p.op, count);
+        const std::uint64_t seed = case_seed(p.dtype, p.op, count);
         auto input = make_input(p.dtype, p.op, comm->rank(), count, seed);
         std::vector<std::byte> output(p.in_place ? 0 : input.size(), std::byte{kGuard});
         void* recv = p.in_place ? input.data() : output.data();

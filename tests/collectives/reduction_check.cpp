@@ -117,4 +117,54 @@ bool guard_intact(const std::vector<std::byte>& buffer, std::size_t bytes) {
                      [](std::byte b) { return b == std::byte{kGuard}; });
 }
 
+std::vector<std::byte> checked_allreduce(const Group& group, transport::Tag base_tag, std::string_view algorithm,
+                                         DataType dtype, ReduceOp op, std::size_t count, bool in_place) {
+  const std::uint64_t seed = case_seed(dtype, op, count);
+  const std::size_t bytes = count * dtype_size(dtype);
+  auto input = make_input(dtype, op, group.rank(), count, seed);
+  std::vector<std::byte> output(in_place ? 0 : bytes + kGuardBytes, std::byte{kGuard});
+  CollArgs args = make_allreduce_args(dtype, op, count);
+  args.send = input.data();
+  args.recv = in_place ? input.data() : output.data();
+  run(group, args, algorithm, base_tag);
+  const std::string what = std::string(algorithm) + (in_place ? " in place" : " out of place");
+  const auto& result = in_place ? input : output;
+  check_reduced(dtype, op, group.size(), result.data(), 0, count, seed, what);
+  EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
+  if (!in_place) {
+    EXPECT_EQ(input, make_input(dtype, op, group.rank(), count, seed)) << what << ": input modified";
+  }
+  return in_place ? input : output;
+}
+
+void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t h = hash(0xF10A7, rank, i);
+    const bool zero = h % 13 == 0;
+    const std::uint64_t sign = (h >> 63) & 1;
+    const std::uint64_t exp = (h >> 40) % 6;  // 2^-2 .. 2^3
+    auto put = [&](auto bits) { std::memcpy(static_cast<std::byte*>(data) + i * sizeof(bits), &bits, sizeof(bits)); };
+    switch (dtype) {
+      case DataType::kFloat32:
+        put(static_cast<std::uint32_t>(sign << 31 | (zero ? 0 : (125 + exp) << 23 | (h & 0x7FFFFF))));
+        break;
+      case DataType::kFloat64:
+        put(static_cast<std::uint64_t>(sign << 63 | (zero ? 0 : (1021 + exp) << 52 | (h & 0xFFFFFFFFFFFFFull))));
+        break;
+      case DataType::kFloat16:
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (13 + exp) << 10 | (h & 0x3FF))));
+        break;
+      default:  // bf16
+        put(static_cast<std::uint16_t>(sign << 15 | (zero ? 0 : (125 + exp) << 7 | (h & 0x7F))));
+        break;
+    }
+  }
+}
+
+std::uint64_t fingerprint(const void* data, std::size_t bytes) {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001B3ull;
+  return h;
+}
+
 }  // namespace dlop::coll::ref

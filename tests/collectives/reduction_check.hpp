@@ -179,6 +179,35 @@ void check_reduced(DataType dtype, ReduceOp op, int n, const void* got, std::siz
 
 bool guard_intact(const std::vector<std::byte>& buffer, std::size_t bytes);
 
+// --- allreduce cases, shared by the allreduce test files ---
+
+inline std::uint64_t case_seed(DataType dtype, ReduceOp op, std::size_t count) {
+  return mix(static_cast<std::uint64_t>(dtype) * 131 + static_cast<std::uint64_t>(op) * 7 + count);
+}
+
+inline CollArgs make_allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
+  CollArgs args;
+  args.kind = CollKind::kAllreduce;
+  args.dtype = dtype;
+  args.op = op;
+  args.count = count;
+  return args;
+}
+
+// One allreduce by `algorithm` of this rank's make_input(), in or out of
+// place, checked here against the reference, for writes past the end and
+// (out of place) for a modified input. Returns the result, guard included.
+std::vector<std::byte> checked_allreduce(const Group& group, transport::Tag base_tag, std::string_view algorithm,
+                                         DataType dtype, ReduceOp op, std::size_t count, bool in_place);
+
+// Random floats with full mantissas (sums round differently in another
+// order) and a few signed zeros (min/max of -0.0 and +0.0 depend on the
+// order), small enough that a product over 5 ranks does not overflow.
+void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank);
+
+// FNV-1a of the bytes: a cheap fingerprint for comparing results across ranks.
+std::uint64_t fingerprint(const void* data, std::size_t bytes);
+
 inline std::string pair_name(DataType dtype, ReduceOp op) {
   return std::string(dtype_name(dtype)) + "_" + std::string(op_name(op));
 }

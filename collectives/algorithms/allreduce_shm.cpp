@@ -98,6 +98,20 @@ class ShmAllreduce final : public Task {
     }
   }
 
+  std::vector<int> waiting_for() const override {
+    std::vector<int> late;
+    if (!started_ || round_ == rounds_) return late;  // an earlier operation here, or nothing
+    const std::uint64_t seq = first_ + round_;
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      const bool behind = step_ == Step::kWaitFree      ? seq > 2 && arena_.done(r).load() < seq - 2
+                          : step_ == Step::kWaitArrived ? arena_.arrived(r).load() < seq
+                                                        : arena_.reduced(r).load() < seq;
+      if (behind) late.push_back(r);
+    }
+    return late;
+  }
+
  private:
   enum class Step { kWaitFree, kWaitArrived, kWaitReduced };
   using FlagOf = transport::ShmFlag& (HostArena::*)(int) const;

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <numeric>
 
 #include "core/config.hpp"
@@ -51,7 +55,17 @@ std::shared_ptr<Communicator> Communicator::create(transport::Bootstrap& bootstr
   std::vector<int> members(static_cast<std::size_t>(bootstrap.size()));
   std::iota(members.begin(), members.end(), 0);
   const auto timeout = options.timeout.count() > 0 ? options.timeout : config().timeout;
-  return std::shared_ptr<Communicator>(new Communicator(std::move(engine), std::move(members), 0, timeout));
+  std::shared_ptr<Communicator> comm(new Communicator(std::move(engine), std::move(members), 0, timeout));
+  const ArenaId mine = next_arena_id();
+  transport::Bytes bytes(sizeof mine);
+  std::memcpy(bytes.data(), mine.data(), sizeof mine);
+  ArenaIds ids;
+  for (const auto& theirs : bootstrap.allgather(bytes, timeout)) {
+    if (theirs.size() != sizeof mine) throw_error(Errc::kProtocol, "communicator: malformed arena id");
+    std::memcpy(ids.emplace_back().data(), theirs.data(), sizeof mine);
+  }
+  comm->attach_host_arena(ids);
+  return comm;
 }
 
 Communicator::Communicator(std::shared_ptr<Engine> engine, std::vector<int> members, int id,
@@ -78,7 +92,7 @@ Handle Communicator::enqueue(CollArgs args, const OpOptions& options, bool p2p, 
   op->tag = tag;
   op->caller_waits = options.caller_waits;
   op->timeout = options.timeout.value_or(timeout_);
-  op->deadline = std::chrono::steady_clock::now() + op->timeout;
+  op->deadline = coarse_now() + op->timeout;
   Handle handle(op);
   engine_->submit(std::move(op));
   return handle;
@@ -170,26 +184,79 @@ Handle Communicator::recv(void* data, std::size_t count, coll::DataType dtype, i
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
-  // Everyone's (color, key, next free communicator id), gathered here.
-  const std::int64_t mine[3] = {color, key, engine_->next_comm_id()};
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size()));
-  allgather(mine, all.data(), 3, coll::DataType::kInt64, {.caller_waits = true}).wait();
+  // Everyone's (color, key, next free communicator id, arena id), gathered here.
+  constexpr std::size_t kFields = 5;
+  const ArenaId arena = next_arena_id();
+  const std::int64_t mine[kFields] = {color, key, engine_->next_comm_id(), arena[0], arena[1]};
+  std::vector<std::int64_t> all(kFields * static_cast<std::size_t>(size()));
+  allgather(mine, all.data(), kFields, coll::DataType::kInt64, {.caller_waits = true}).wait();
   if (color < 0) return nullptr;
+  const auto entry = [&](int r) { return &all[kFields * static_cast<std::size_t>(r)]; };
   std::vector<int> ranks;
   std::int64_t id = 0;
   for (int r = 0; r < size(); ++r) {
-    const auto* entry = &all[3 * static_cast<std::size_t>(r)];
-    if (entry[0] != color) continue;
+    if (entry(r)[0] != color) continue;
     ranks.push_back(r);
-    id = std::max(id, entry[2]);
+    id = std::max(id, entry(r)[2]);
   }
-  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-    return all[3 * static_cast<std::size_t>(a) + 1] < all[3 * static_cast<std::size_t>(b) + 1];
-  });
+  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return entry(a)[1] < entry(b)[1]; });
   engine_->reserve_comm_id(static_cast<int>(id));
   std::vector<int> members;
-  for (const int r : ranks) members.push_back(members_[static_cast<std::size_t>(r)]);
-  return std::shared_ptr<Communicator>(new Communicator(engine_, std::move(members), static_cast<int>(id), timeout_));
+  ArenaIds ids;
+  for (const int r : ranks) {
+    members.push_back(members_[static_cast<std::size_t>(r)]);
+    ids.push_back({entry(r)[3], entry(r)[4]});
+  }
+  std::shared_ptr<Communicator> comm(new Communicator(engine_, std::move(members), static_cast<int>(id), timeout_));
+  comm->attach_host_arena(ids);
+  return comm;
+}
+
+std::shared_ptr<Communicator> Communicator::subgroup(const std::vector<int>& ranks, transport::Bootstrap& members) {
+  if (ranks.size() != static_cast<std::size_t>(members.size()) || members.rank() < 0 ||
+      members.rank() >= members.size() || ranks[static_cast<std::size_t>(members.rank())] != rank_) {
+    throw_error(Errc::kInvalidArgument, fmt::format("subgroup: rank {} is not entry {} of the {} ranks given", rank_,
+                                                    members.rank(), ranks.size()));
+  }
+  for (const int r : ranks) {
+    if (r < 0 || r >= size()) throw_error(Errc::kInvalidArgument, fmt::format("subgroup: no rank {} of {}", r, size()));
+  }
+  // The largest next free id among the members is free on every pair of them,
+  // which is all tags need: they only travel between members.
+  // With each rank's arena id (attach_host_arena).
+  const ArenaId arena = next_arena_id();
+  const std::int64_t mine[3] = {engine_->next_comm_id(), arena[0], arena[1]};
+  transport::Bytes bytes(sizeof mine);
+  std::memcpy(bytes.data(), mine, sizeof mine);
+  std::int64_t id = 0;
+  ArenaIds ids;
+  for (const auto& theirs : members.allgather(bytes, timeout_)) {
+    std::int64_t value[3] = {};
+    if (theirs.size() != sizeof value) throw_error(Errc::kProtocol, "subgroup: malformed communicator id");
+    std::memcpy(value, theirs.data(), sizeof value);
+    id = std::max(id, value[0]);
+    ids.push_back({value[1], value[2]});
+  }
+  engine_->reserve_comm_id(static_cast<int>(id));
+  std::vector<int> engine_ranks;
+  for (const int r : ranks) engine_ranks.push_back(members_[static_cast<std::size_t>(r)]);
+  std::shared_ptr<Communicator> comm(new Communicator(engine_, std::move(engine_ranks), static_cast<int>(id), timeout_));
+  comm->attach_host_arena(ids);
+  return comm;
+}
+
+Communicator::ArenaId Communicator::next_arena_id() {
+  static std::atomic<std::int64_t> arenas_made{0};
+  return {::getpid(), arenas_made.fetch_add(1)};
+}
+
+void Communicator::attach_host_arena(const ArenaIds& ids) {
+  coll::Group& group = *state_->group;
+  // The segment is named after its creator, the first local rank: unique on
+  // the host and in the bootstrap's store.
+  const ArenaId& creator = ids.at(static_cast<std::size_t>(group.local_ranks().front()));
+  coll::attach_host_arena(group, engine_->bootstrap(), fmt::format("arena-{}-{}", creator[0], creator[1]), timeout_);
+  state_->algorithms = {};  // in case anything was chosen before the arena existed
 }
 
 void Communicator::abort(const std::string& reason) { engine_->abort(state_, reason); }

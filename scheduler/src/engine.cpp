@@ -7,6 +7,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "signature_check.hpp"
@@ -36,7 +38,8 @@ transport::Tag op_tag(const detail::OpState& op) {
 }  // namespace
 
 Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures)
-    : worker_(std::make_unique<transport::UcxWorker>()),
+    : bootstrap_(&bootstrap),
+      worker_(std::make_unique<transport::UcxWorker>()),
       mesh_(std::make_unique<transport::Mesh>(*worker_, bootstrap)),
       overrides_(coll::AlgorithmOverrides::parse(config().algo)),
       check_signatures_(check_signatures) {
@@ -138,13 +141,32 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
       }
       return;
     }
-    const coll::Algorithm& algorithm = coll::select_algorithm(op->args, group, overrides_);
+    const coll::Algorithm& algorithm = select(*op);
     if (log().should_log(spdlog::level::debug)) log().debug("{}: algorithm {}", op->describe(), algorithm.name);
-    op->task = check_signatures_ ? make_signature_checked(op->args, group, tag, op->seq, algorithm)
+    op->task = check_signatures_ ? make_signature_checked(op->args, *op->comm, tag, op->seq, algorithm)
                                      : algorithm.create(op->args, group, tag);
   } catch (...) {
     fail(*op, std::current_exception());
   }
+}
+
+std::vector<int> Engine::awaited(const detail::OpState& op) const {
+  std::vector<int> ranks = mesh_->pending_peers();
+  for (const int r : op.task->waiting_for()) ranks.push_back(op.comm->group->mesh_rank(r));
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
+const coll::Algorithm& Engine::select(detail::OpState& op) {
+  AlgorithmCache::Entry* cached = op.comm->algorithms.slot_for(op.args);
+  if (cached != nullptr && AlgorithmCache::matches(*cached, op.args)) return *cached->algorithm;
+  const coll::Algorithm& algorithm = coll::select_algorithm(op.args, *op.comm->group, overrides_);
+  if (cached != nullptr) {
+    *cached = {.algorithm = &algorithm, .kind = op.args.kind, .dtype = op.args.dtype, .op = op.args.op,
+               .root = op.args.root, .count = op.args.count};
+  }
+  return algorithm;
 }
 
 bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished) {
@@ -162,7 +184,7 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
   }
   if (running_.empty()) return false;
   mesh_->progress();
-  const auto now = Clock::now();
+  const auto now = coarse_now();
   for (auto& op : running_) {
     if (!op->task) {
       finished.push_back(op);
@@ -179,8 +201,8 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
         op->task.reset();
         finished.push_back(op);
       } else if (now >= op->deadline) {
-        throw_error(Errc::kTimeout, fmt::format("{} timed out after {} ms; ranks with messages still pending: {}",
-                                                op->describe(), op->timeout.count(), mesh_->pending_peers()));
+        throw_error(Errc::kTimeout, fmt::format("{} timed out after {} ms; ranks still awaited: {}", op->describe(),
+                                                op->timeout.count(), awaited(*op)));
       }
     } catch (...) {
       fail(*op, std::current_exception());

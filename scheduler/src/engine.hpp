@@ -29,6 +29,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   transport::Mesh& mesh() { return *mesh_; }
+  // The bootstrap the engine was made with (it outlives the engine).
+  transport::Bootstrap& bootstrap() { return *bootstrap_; }
 
   // Queues an operation; wakes the progress thread unless the caller will wait.
   void submit(std::shared_ptr<detail::OpState> op);
@@ -51,9 +53,13 @@ class Engine {
   // op is still running.
   bool progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished);
   void start(const std::shared_ptr<detail::OpState>& op);
+  const coll::Algorithm& select(detail::OpState& op);
+  // Mesh ranks the running op waits for: pending requests and its task's own.
+  std::vector<int> awaited(const detail::OpState& op) const;
   void fail(detail::OpState& op, std::exception_ptr error);
   static void finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished);
 
+  transport::Bootstrap* bootstrap_;
   std::unique_ptr<transport::UcxWorker> worker_;
   std::unique_ptr<transport::Mesh> mesh_;
   coll::AlgorithmOverrides overrides_;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -13,11 +14,48 @@
 
 #include "collectives/coll_args.hpp"
 #include "collectives/group.hpp"
+#include "collectives/registry.hpp"
 #include "collectives/task.hpp"
 
 namespace dlop::sched {
 
 class Engine;
+
+// steady_clock's time from the kernel's coarse clock (same origin, a few ms
+// of resolution, 10 ns to read instead of 45 ns here): deadlines need no more.
+inline std::chrono::steady_clock::time_point coarse_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::steady_clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
+
+// The algorithms last chosen for this communicator's fixed-size operations,
+// keyed on everything selection looks at but the group (fixed per communicator):
+// the tuning table is not walked again for the same call.
+struct AlgorithmCache {
+  struct Entry {
+    const coll::Algorithm* algorithm = nullptr;
+    coll::CollKind kind{};
+    coll::DataType dtype{};
+    coll::ReduceOp op{};
+    int root = 0;
+    std::size_t count = 0;
+  };
+  static constexpr std::size_t kEntries = 16;
+  Entry entries[kEntries];
+
+  // Null for operations with per-rank counts (their vectors are not compared).
+  Entry* slot_for(const coll::CollArgs& args) {
+    if (!args.counts.empty() || !args.send_counts.empty()) return nullptr;
+    const std::size_t h = static_cast<std::size_t>(args.kind) * 31 + args.count * 0x9E3779B1u +
+                          static_cast<std::size_t>(args.dtype) * 7 + static_cast<std::size_t>(args.op);
+    return &entries[(h ^ (h >> 17)) % kEntries];
+  }
+  static bool matches(const Entry& e, const coll::CollArgs& args) {
+    return e.algorithm != nullptr && e.kind == args.kind && e.count == args.count && e.dtype == args.dtype &&
+           e.op == args.op && e.root == args.root;
+  }
+};
 
 // What every operation of one communicator shares.
 struct CommState {
@@ -25,6 +63,8 @@ struct CommState {
   std::unique_ptr<coll::Group> group;
   std::uint64_t next_seq = 0;       // collectives submitted so far (submission thread, under the submit lock)
   std::string broken;               // set once an operation failed: later ones fail fast (engine lock)
+  AlgorithmCache algorithms;        // engine lock
+  std::uint64_t signature_tasks_made = 0;  // DLOP_DEBUG=detail: tasks made, in sequence order (engine lock)
 };
 
 // Tag layout below the transport's 44 user bits:

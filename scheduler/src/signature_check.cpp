@@ -36,20 +36,29 @@ struct Signature {
 
 class SignatureChecked : public coll::Task {
  public:
-  SignatureChecked(const coll::CollArgs& args, const coll::Group& group, transport::Tag base_tag, std::uint64_t seq,
+  SignatureChecked(const coll::CollArgs& args, CommState& comm, transport::Tag base_tag, std::uint64_t seq,
                    const coll::Algorithm& algorithm)
-      : args_(args), group_(group), tag_(base_tag), algorithm_(algorithm), mine_(Signature::of(args, seq)),
-        theirs_(static_cast<std::size_t>(group.size())) {
-    for (int r = 0; r < group.size(); ++r) {
-      if (r == group.rank()) continue;
-      exchange_.add(group.recv(r, &theirs_[static_cast<std::size_t>(r)], sizeof(Signature), tag_ | coll::kMaxStep));
-      exchange_.add(group.send(r, &mine_, sizeof(Signature), tag_ | coll::kMaxStep));
+      : args_(args), comm_(comm), group_(*comm.group), tag_(base_tag), algorithm_(algorithm),
+        mine_(Signature::of(args, seq)), theirs_(static_cast<std::size_t>(group_.size())) {
+    for (int r = 0; r < group_.size(); ++r) {
+      if (r == group_.rank()) continue;
+      exchange_.add(group_.recv(r, &theirs_[static_cast<std::size_t>(r)], sizeof(Signature), tag_ | coll::kMaxStep));
+      exchange_.add(group_.send(r, &mine_, sizeof(Signature), tag_ | coll::kMaxStep));
     }
   }
 
   bool progress() override {
     if (!task_) {
       if (!exchange_.test_all()) return false;
+      // Tasks are made in sequence order, as without the check: algorithms
+      // that order their operations among themselves at creation (the shm
+      // all-reduce) must see the same order on every rank.
+      if (comm_.signature_tasks_made != mine_.seq) {
+        if (!comm_.broken.empty()) {
+          throw_error(Errc::kCanceled, "the communicator failed before this operation's turn: " + comm_.broken);
+        }
+        return false;
+      }
       for (int r = 0; r < group_.size(); ++r) {
         if (r != group_.rank() && !(theirs_[static_cast<std::size_t>(r)] == mine_)) {
           throw_error(Errc::kInvalidArgument,
@@ -57,13 +66,16 @@ class SignatureChecked : public coll::Task {
                                   mine_.describe(), r, theirs_[static_cast<std::size_t>(r)].describe()));
         }
       }
+      ++comm_.signature_tasks_made;  // a failing create() breaks the communicator: no one waits on it
       task_ = algorithm_.create(args_, group_, tag_);
     }
     return task_->progress();
   }
+  std::vector<int> waiting_for() const override { return task_ ? task_->waiting_for() : std::vector<int>{}; }
 
  private:
   coll::CollArgs args_;
+  CommState& comm_;
   const coll::Group& group_;
   transport::Tag tag_;
   const coll::Algorithm& algorithm_;
@@ -75,10 +87,9 @@ class SignatureChecked : public coll::Task {
 
 }  // namespace
 
-std::unique_ptr<coll::Task> make_signature_checked(const coll::CollArgs& args, const coll::Group& group,
-                                                   transport::Tag base_tag, std::uint64_t seq,
-                                                   const coll::Algorithm& algorithm) {
-  return std::make_unique<SignatureChecked>(args, group, base_tag, seq, algorithm);
+std::unique_ptr<coll::Task> make_signature_checked(const coll::CollArgs& args, CommState& comm, transport::Tag base_tag,
+                                                   std::uint64_t seq, const coll::Algorithm& algorithm) {
+  return std::make_unique<SignatureChecked>(args, comm, base_tag, seq, algorithm);
 }
 
 }  // namespace dlop::sched

@@ -6,11 +6,13 @@
 #include <memory>
 
 #include "collectives/registry.hpp"
+#include "op_state.hpp"
 
 namespace dlop::sched {
 
-std::unique_ptr<coll::Task> make_signature_checked(const coll::CollArgs& args, const coll::Group& group,
-                                                   transport::Tag base_tag, std::uint64_t seq,
-                                                   const coll::Algorithm& algorithm);
+// Operation `seq` of comm; the algorithm's task is made once the signatures
+// matched and every earlier operation's task was made.
+std::unique_ptr<coll::Task> make_signature_checked(const coll::CollArgs& args, CommState& comm, transport::Tag base_tag,
+                                                   std::uint64_t seq, const coll::Algorithm& algorithm);
 
 }  // namespace dlop::sched

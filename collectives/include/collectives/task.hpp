@@ -22,6 +22,9 @@ class Task {
   // first messages). Returns true once this rank's part is complete and the
   // output buffers hold the result. Throws dlop::Error on failure.
   virtual bool progress() = 0;
+  // Group ranks this task waits for other than through transport requests
+  // (e.g. on shared-memory flags), for timeout messages; empty if none.
+  virtual std::vector<int> waiting_for() const { return {}; }
 };
 
 // Requests of one step; done when all are.

@@ -9,6 +9,7 @@
 // and buffers are those of collectives/coll_args.hpp.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -85,6 +86,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator, ordered by key then by rank here. color < 0: not a member
   // (returns null).
   std::shared_ptr<Communicator> split(int color, int key);
+  // Collective over `ranks` only (ranks here, in the new communicator's
+  // order), wired up through `members`, a bootstrap among exactly those ranks
+  // (its rank: my index in `ranks`): unlike split, the other ranks take no
+  // part. The new communicator shares this one's engine.
+  std::shared_ptr<Communicator> subgroup(const std::vector<int>& ranks, transport::Bootstrap& members);
 
   // Fails every pending operation and refuses new ones (kCanceled).
   void abort(const std::string& reason);
@@ -92,6 +98,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   friend class Engine;
   Communicator(std::shared_ptr<Engine> engine, std::vector<int> members, int id, std::chrono::milliseconds timeout);
+  // The intra-host shared segment (the shm algorithms' medium), mapped by the
+  // ranks of each host right after the communicator is made. Each rank
+  // contributes a (pid, number) id to the exchange that made the communicator;
+  // ids[r] is rank r's.
+  using ArenaId = std::array<std::int64_t, 2>;
+  using ArenaIds = std::vector<ArenaId>;
+  static ArenaId next_arena_id();
+  void attach_host_arena(const ArenaIds& ids);
   Handle enqueue(coll::CollArgs args, const OpOptions& options, bool p2p, bool p2p_send, int peer, std::uint32_t tag);
 
   std::shared_ptr<Engine> engine_;

@@ -15,6 +15,11 @@ namespace {
 
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
+// The two passes are cloned for AVX2 (chosen at load time by the dynamic
+// linker): the vertical pass is a 32-bit multiply-add along whole rows, which
+// SSE2 can only emulate.
+#define DLOP_CLONES __attribute__((target_clones("avx2", "default")))
+
 struct Coefficients {
   int taps = 0;                       // weights per output pixel (some trailing zeros)
   std::vector<int> first;             // first input pixel of each output pixel
@@ -68,7 +73,7 @@ std::uint8_t clip8(std::int32_t v) {
 }
 
 // Rows [row0, row0 + rows) of src, columns of the box, to dst (rows x out_w).
-void horizontal(const Image& src, int row0, int rows, int col0, const Coefficients& c, int out_w, Image& dst) {
+DLOP_CLONES void horizontal(const Image& src, int row0, int rows, int col0, const Coefficients& c, int out_w, Image& dst) {
   dst.reshape(rows, out_w);
   for (int y = 0; y < rows; ++y) {
     const std::uint8_t* in = src.pixels.data() + static_cast<std::size_t>(row0 + y) * src.row_bytes();
@@ -91,7 +96,7 @@ void horizontal(const Image& src, int row0, int rows, int col0, const Coefficien
 
 // Rows [row0 + first, ...) of src (full width) to dst's out_h rows. The inner
 // loop runs along a whole row, so the compiler vectorises it.
-void vertical(const Image& src, int row0, const Coefficients& c, int out_h, Image& dst) {
+DLOP_CLONES void vertical(const Image& src, int row0, const Coefficients& c, int out_h, Image& dst) {
   dst.reshape(out_h, src.width);
   const std::size_t n = src.row_bytes();
   std::vector<std::int32_t> acc(n);

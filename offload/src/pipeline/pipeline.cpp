@@ -108,11 +108,13 @@ BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint6
     const std::uint64_t index = indices[k];
     try {
       const auto bytes = source.read(index, scratch.bytes);
-      const Image& image = transform(bytes, SampleKey{seed, epoch, index}, source.name(index), scratch);
+      // The name is only needed in a message: it is looked up on failure.
+      const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, scratch);
       emit(image, images.data() + k * sample_bytes);
       labels[k] = source.label(index);
-    } catch (const SampleError&) {
-      failures[k] = std::current_exception();
+    } catch (const SampleError& e) {
+      failures[k] = e.sample().empty() ? std::make_exception_ptr(SampleError(source.name(index), e.reason()))
+                                       : std::current_exception();
     }
   };
   if (pool == nullptr || pool->threads() == 1 || indices.size() < 2) {

@@ -111,6 +111,9 @@ TEST(Pipeline, BatchEqualsSamplesOneByOneWithAnyThreadCount) {
     const BatchResult r = p.run_batch(src, indices, 9, 2, images, labels, &pool);
     ASSERT_EQ(r.count, indices.size());
     EXPECT_TRUE(r.skipped.empty());
+    EXPECT_GT(r.seconds.decode, 0.0);
+    EXPECT_GT(r.seconds.augment, 0.0);
+    EXPECT_GT(r.seconds.collate, 0.0);
     for (std::size_t k = 0; k < indices.size(); ++k) {
       const Tensor one = p.run(src.samples[indices[k]], SampleKey{9, 2, indices[k]});
       ASSERT_EQ(std::memcmp(images.data() + k * bytes, one.data.data(), bytes), 0) << threads << " " << k;

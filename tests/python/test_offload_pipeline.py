@@ -303,6 +303,26 @@ def test_pack_round_trip_and_batches(dataset, tmp_path):
         np.testing.assert_array_equal(images[k], pipe.run(folder.read(i), seed=4, epoch=1, index=i))
 
 
+def test_pack_command_line(dataset, tmp_path, capsys):
+    from dlop.data import pack
+
+    assert pack.main([str(dataset), str(tmp_path / "cli.dlop")]) == 0
+    assert "12 records in 3 classes" in capsys.readouterr().out
+    assert len(offload.open_source(str(tmp_path / "cli.dlop"))) == 12
+    with pytest.raises(Exception, match="not a folder"):
+        pack.main([str(tmp_path / "missing"), str(tmp_path / "x.dlop")])
+
+
+def test_corrupt_record_file_is_a_clear_error(dataset, tmp_path):
+    path = tmp_path / "bad.dlop"
+    offload.pack(str(dataset), str(path))
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="malformed: index checksum mismatch"):
+        offload.open_source(str(path))
+
+
 def test_skip_policy_in_batches(dataset, tmp_path):
     root = tmp_path / "mixed"
     for cls in ("a", "b"):

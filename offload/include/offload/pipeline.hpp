@@ -40,9 +40,26 @@ struct SkippedSample {
   std::string reason;  // the SampleError's message
 };
 
+// Wall seconds spent per stage, summed over the samples of a batch (and so
+// over its threads): for the per-stage throughput a daemon reports.
+struct StageTimes {
+  double read = 0;     // Source::read
+  double decode = 0;   // JPEG/PNG to RGB
+  double augment = 0;  // the ops
+  double collate = 0;  // CHW layout into the batch buffer
+  StageTimes& operator+=(const StageTimes& o) {
+    read += o.read;
+    decode += o.decode;
+    augment += o.augment;
+    collate += o.collate;
+    return *this;
+  }
+};
+
 struct BatchResult {
   std::size_t count = 0;  // samples written (at the front of the buffers, in order)
   std::vector<SkippedSample> skipped;
+  StageTimes seconds;
 };
 
 // A fixed set of threads that run parallel loops; the calling thread works
@@ -94,6 +111,7 @@ class Pipeline {
   struct Scratch {
     Image a, b;
     std::vector<std::uint8_t> bytes;
+    StageTimes times;
   };
   // Decodes and runs the geometric ops; the result is in scratch.a or .b.
   const Image& transform(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -9,6 +10,12 @@
 #include "offload/ops.hpp"
 
 namespace dlop::offload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
 
 Pipeline::Pipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
 
@@ -30,7 +37,10 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
                                  std::string_view name, Scratch& scratch) const {
   Image* cur = &scratch.a;
   Image* other = &scratch.b;
+  const auto start = Clock::now();
   decode_image(encoded, name, *cur);
+  const auto decoded = Clock::now();
+  scratch.times.decode += seconds(decoded - start);
   for (std::size_t i = 0; i < spec_.ops.size(); ++i) {
     const OpSpec& op = spec_.ops[i];
     // Each op draws from its own stream (its position), so the draws of one
@@ -58,6 +68,7 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
       if (rng.uniform() < f->p) hflip(*cur);
     }
   }
+  scratch.times.augment += seconds(Clock::now() - decoded);
   return *cur;
 }
 
@@ -107,25 +118,31 @@ BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint6
   const auto one = [&](std::size_t k, Scratch& scratch) {
     const std::uint64_t index = indices[k];
     try {
+      const auto start = Clock::now();
       const auto bytes = source.read(index, scratch.bytes);
+      scratch.times.read += seconds(Clock::now() - start);
       // The name is only needed in a message: it is looked up on failure.
       const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, scratch);
+      const auto transformed = Clock::now();
       emit(image, images.data() + k * sample_bytes);
       labels[k] = source.label(index);
+      scratch.times.collate += seconds(Clock::now() - transformed);
     } catch (const SampleError& e) {
       failures[k] = e.sample().empty() ? std::make_exception_ptr(SampleError(source.name(index), e.reason()))
                                        : std::current_exception();
     }
   };
+  BatchResult result;
   if (pool == nullptr || pool->threads() == 1 || indices.size() < 2) {
     Scratch scratch;
     for (std::size_t k = 0; k < indices.size(); ++k) one(k, scratch);
+    result.seconds = scratch.times;
   } else {
     std::vector<Scratch> scratch(pool->threads());
     pool->parallel_for(indices.size(), [&](std::size_t k, std::size_t worker) { one(k, scratch[worker]); });
+    for (const Scratch& s : scratch) result.seconds += s.times;
   }
 
-  BatchResult result;
   for (std::size_t k = 0; k < indices.size(); ++k) {
     if (!failures[k]) {
       if (result.count != k) {

@@ -31,11 +31,13 @@ ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store,
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "dlop: rank ", rank, " of a group of ", size);
   TORCH_CHECK_VALUE(global_ranks.empty() || global_ranks.size() == static_cast<std::size_t>(size), "dlop: group of ",
                     size, " ranks with ", global_ranks.size(), " global ranks");
-  bootstrap_ = std::make_unique<transport::Bootstrap>(std::make_shared<C10dStore>(store), rank, size, "dlop");
+  bootstrap_ = std::make_shared<transport::Bootstrap>(std::make_shared<C10dStore>(store), rank, size, "dlop");
   sched::Communicator::Options options;
   options.timeout = timeout;
   try {
-    comm_ = make_group_communicator(*bootstrap_, global_ranks, options);
+    auto group = make_group_communicator(bootstrap_, global_ranks, options);
+    engine_bootstrap_ = std::move(group.engine_bootstrap);
+    comm_ = std::move(group.comm);
   } catch (...) {
     std::rethrow_exception(to_torch_error(std::current_exception()));
   }

@@ -16,9 +16,15 @@ class CompletionQueue;
 // which starts the process's engine. Otherwise the group's ranks in the
 // default group: a sub-communicator of the live default group's engine, or
 // (no live default group of dlop) an engine of its own.
-std::shared_ptr<sched::Communicator> make_group_communicator(transport::Bootstrap& bootstrap,
-                                                             const std::vector<int>& global_ranks,
-                                                             sched::Communicator::Options options);
+// The engine keeps a reference to the bootstrap it was created with: a group
+// holds engine_bootstrap for as long as it holds the communicator.
+struct GroupCommunicator {
+  std::shared_ptr<sched::Communicator> comm;
+  std::shared_ptr<transport::Bootstrap> engine_bootstrap;
+};
+GroupCommunicator make_group_communicator(const std::shared_ptr<transport::Bootstrap>& bootstrap,
+                                          const std::vector<int>& global_ranks,
+                                          sched::Communicator::Options options);
 
 // The process's completion thread, started with the first group and joined
 // when the last one lets go of it.

@@ -92,7 +92,10 @@ class ProcessGroupDlop : public c10d::Backend {
                                            std::function<void()> finish = {});
   void check_root(int64_t root, const char* op) const;
 
-  std::unique_ptr<transport::Bootstrap> bootstrap_;
+  // Declared before comm_, so destroyed after it: the engine refers to the
+  // bootstrap it was made with (the default group's, for a sub-group).
+  std::shared_ptr<transport::Bootstrap> bootstrap_;
+  std::shared_ptr<transport::Bootstrap> engine_bootstrap_;
   std::shared_ptr<sched::Communicator> comm_;
   std::shared_ptr<CompletionQueue> completions_;
   std::chrono::milliseconds timeout_;

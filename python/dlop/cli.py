@@ -1,0 +1,41 @@
+"""The `dlop` command: one entry for dlop's tools.
+
+    dlop make-dataset OUT [--classes N --per-class N --seed S]
+    dlop pack ROOT OUT.dlrec
+
+Each sub-command is a module with its own main (python -m dlop.data.make_dataset
+works the same); this only dispatches, so a tool's options live in one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "make-dataset": ("dlop.data.make_dataset", "generate the built-in synthetic ImageNet-like image folder"),
+    "pack": ("dlop.data.pack", "pack an image folder into a dlop record file"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: dlop COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<14} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "`dlop COMMAND --help` describes a command's arguments."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if args[0] not in COMMANDS:
+        print(f"dlop: unknown command '{args[0]}'\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return int(module.main(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

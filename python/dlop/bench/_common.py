@@ -1,0 +1,108 @@
+"""What the benchmarks share: sizes, medians, the run's description, JSON output."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'8', '4K', '256M', '1G' -> bytes (binary units, as dlop-bench reads them)."""
+    text = text.strip()
+    digits = len(text) - len(text.lstrip("0123456789"))
+    unit = text[digits:].upper()
+    if digits == 0 or unit not in _UNITS:
+        raise ValueError(f"'{text}' is not a size like 8, 4K, 256M or 1G")
+    return int(text[:digits]) * _UNITS[unit]
+
+
+def format_size(size: int) -> str:
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+def size_range(minimum: int, maximum: int, factor: int) -> list[int]:
+    if factor < 2:
+        raise ValueError("the size factor must be at least 2")
+    sizes, size = [], max(minimum, 1)
+    while size <= maximum:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def median(values) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def git_revision() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def command_line() -> str:
+    """The command as a user would retype it (module form, not the file path)."""
+    module = sys.modules["__main__"].__spec__
+    program = f"python -m {module.name}" if module is not None else sys.argv[0]
+    return " ".join([program] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def run_header(**extra) -> dict:
+    import torch
+
+    header = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": platform.node(),
+        "cores": cpu_count(),
+        "revision": git_revision(),
+        "torch": torch.__version__,
+        "command": command_line(),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("DLOP_", "UCX_"))},
+    }
+    header.update(extra)
+    return header
+
+
+def header_comment(header: dict) -> str:
+    return f"# {header['date']} on {header['host']}, {header['cores']} cores, {header['revision']}, torch {header['torch']}"
+
+
+def write_json(path: str, header: dict, rows: list[dict]) -> None:
+    with open(path, "w") as out:
+        json.dump({"header": header, "rows": rows}, out, indent=2, sort_keys=True)
+        out.write("\n")
+
+
+def read_rows(path: str) -> tuple[dict, list[dict]]:
+    """A benchmark's JSON file: {"header", "rows"} (ours and dlop-bench's) or a bare list of rows."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, list):
+        return {}, data
+    return data.get("header", {}), data.get("rows", [])

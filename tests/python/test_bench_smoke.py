@@ -1,0 +1,90 @@
+"""The Python benchmarks run for 2 ranks at tiny sizes and write well-formed JSON.
+
+Fast smoke tests of dlop.bench.c10d (under torchrun), dlop.bench.ddp (spawning
+its own ranks) and dlop.bench.report; the figures themselves are not checked,
+only that every row is there, has the documented fields, and that every
+checked collective gave the expected values (#wrong 0) on dlop and on Gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlop.bench.c10d_ops import CASES
+
+C10D_FIELDS = {"op", "bytes", "dtype", "ranks", "impl", "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
+DDP_FIELDS = {"model", "backend", "ranks", "samples_per_s", "linearity"}
+
+
+def _run(args: list[str], timeout: int = 240) -> str:
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def c10d_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c10d") / "c10d.json"
+    _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dlop.bench.c10d",
+          "-b", "8", "-e", "1K", "-f", "8", "-r", "2", "-n", "3", "-w", "1", "--json", str(path)])
+    return json.loads(path.read_text())
+
+
+def test_c10d_rows_cover_every_op_size_and_impl(c10d_json):
+    rows = c10d_json["rows"]
+    assert c10d_json["header"]["ranks"] == 2
+    sizes = [8, 64, 512]
+    for op in CASES:
+        for impl in ("dlop", "gloo"):
+            mine = [r for r in rows if r["op"] == op and r["impl"] == impl]
+            assert len(mine) == (1 if op == "barrier" else len(sizes)), (op, impl)
+    for row in rows:
+        assert C10D_FIELDS <= set(row), row
+        assert row["ranks"] == 2 and row["time_us"] > 0
+        assert row["wrong"] == 0, row
+
+
+def test_c10d_busbw_follows_nccl_tests_factors(c10d_json):
+    for row in c10d_json["rows"]:
+        if row["bytes"] == 0:
+            continue
+        factor = {"all_reduce": 1.0, "broadcast": 1.0}.get(row["op"], 0.5)  # 2(n-1)/n, 1, else (n-1)/n; n = 2
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["time_us"] / 1e3)
+
+
+@pytest.fixture(scope="module")
+def ddp_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ddp") / "ddp.json"
+    _run(["-m", "dlop.bench.ddp", "--ranks", "2", "--models", "transformer", "--batch", "2", "--steps", "1",
+          "--warmup", "0", "-r", "1", "--json", str(path)])
+    return json.loads(path.read_text())
+
+
+def test_ddp_rows_and_linearity(ddp_json):
+    rows = {r["backend"]: r for r in ddp_json["rows"]}
+    assert set(rows) == {"dlop", "gloo", "none"}
+    for row in rows.values():
+        assert DDP_FIELDS <= set(row), row
+        assert row["model"] == "transformer" and row["samples_per_s"] > 0 and row["params_in_sync"]
+    assert rows["none"]["ranks"] == 1 and rows["none"]["linearity"] == pytest.approx(1.0)
+    for backend in ("dlop", "gloo"):
+        row = rows[backend]
+        assert row["ranks"] == 2
+        assert row["linearity"] == pytest.approx(row["samples_per_s"] / rows["none"]["samples_per_s"] / 2)
+
+
+def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):
+    files = []
+    for name, data in (("c.json", c10d_json), ("d.json", ddp_json)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(data))
+    out = tmp_path / "report.md"
+    _run(["-m", "dlop.bench.report", *map(str, files), "--out", str(out)])
+    text = out.read_text()
+    assert "### all_reduce" in text and "busbw dlop/gloo" in text
+    assert "| transformer |" in text

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "offload/codec.hpp"
+#include "offload/ops.hpp"
 #include "offload/test_data.hpp"
 
 namespace dlop::offload {
@@ -152,6 +153,45 @@ TEST(Codec, RandomBytesAfterAValidMagicNeverCrash) {
     }
   }
   EXPECT_GT(errors, 0);
+}
+
+TEST(Codec, RegionDecodeEqualsTheSameBoxOfAFullDecode) {
+  std::mt19937 rng(9);
+  const Image img = make_image(203, 317, 9);
+  std::vector<std::vector<std::uint8_t>> files;
+  files.push_back(encode_jpeg(img, 90));  // 4:2:0, fancy upsampling across iMCU rows
+  std::vector<std::uint8_t> gray(203 * 317);
+  for (std::size_t i = 0; i < gray.size(); ++i) gray[i] = img.pixels[i * 3 + 1];
+  files.push_back(encode_jpeg(gray.data(), 203, 317, 1, 90));
+  files.push_back(encode_png(img));
+  for (const auto& file : files) {
+    const Image full = decode_image(file, "full");
+    for (int round = 0; round < 60; ++round) {
+      const int h = 1 + static_cast<int>(rng() % 203), w = 1 + static_cast<int>(rng() % 317);
+      const CropBox want{static_cast<int>(rng() % static_cast<unsigned>(204 - h)),
+                         static_cast<int>(rng() % static_cast<unsigned>(318 - w)), h, w};
+      Image region;
+      const CropBox where = decode_image_region(file, "region", [&](int ih, int iw) {
+        EXPECT_EQ(ih, 203);
+        EXPECT_EQ(iw, 317);
+        return want;
+      }, region);
+      ASSERT_EQ(where.height, h);
+      ASSERT_EQ(where.width, w);
+      Image a, b;
+      crop(full, want, a);
+      crop(region, where, b);
+      ASSERT_EQ(a.pixels, b.pixels) << "box " << want.top << "," << want.left << " " << h << "x" << w;
+    }
+  }
+}
+
+TEST(Codec, RegionDecodeStillFindsTruncationBelowTheBox) {
+  const auto bytes = encode_jpeg(make_image(256, 256, 10), 90);
+  const std::span<const std::uint8_t> cut(bytes.data(), bytes.size() * 3 / 4);
+  Image out;
+  expect_sample_error([&] { decode_image_region(cut, "cut.jpg", [](int, int) { return CropBox{0, 0, 16, 16}; }, out); },
+                      "cut.jpg", "truncated");
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "offload/image.hpp"
+#include "offload/ops.hpp"
 
 namespace dlop::offload {
 
@@ -24,6 +26,17 @@ ImageFormat detect_format(std::span<const std::uint8_t> bytes);
 // empty, truncated, corrupt or unsupported data. Thread-safe. `out` is reused.
 void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
 Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name);
+
+// Picks the region to decode from the image's {height, width}.
+using RegionChooser = std::function<CropBox(int height, int width)>;
+
+// Decodes what `choose` asks for: returns where its box lies in `out`, whose
+// pixels there equal decode_image's (the tests check it). JPEGs convert only
+// those rows and (rounded out to 8 or 16 pixels) columns, so a small crop of
+// a large photo decodes faster; PNGs and CMYK JPEGs are decoded whole and the
+// box returned as chosen. Errors as decode_image, also for data outside the box.
+CropBox decode_image_region(std::span<const std::uint8_t> bytes, std::string_view name, const RegionChooser& choose,
+                            Image& out);
 
 // Encoders take interleaved 8-bit `pixels` (height * width * channels); the
 // raw-pointer forms exist for the tests' gray and RGBA inputs.

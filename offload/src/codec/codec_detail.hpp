@@ -13,7 +13,9 @@ namespace dlop::offload::detail {
 // claiming more is refused before anything is allocated.
 inline constexpr std::uint64_t kMaxPixels = 178956970;
 
-void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
+// `choose` may be null (whole image); see decode_image_region.
+void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out,
+                 const RegionChooser* choose = nullptr, CropBox* where = nullptr);
 void decode_png(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
 
 }  // namespace dlop::offload::detail

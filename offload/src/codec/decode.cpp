@@ -39,6 +39,17 @@ void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Im
   throw SampleError(std::string(name), fmt::format("not a JPEG or PNG (starts with {})", head));
 }
 
+CropBox decode_image_region(std::span<const std::uint8_t> bytes, std::string_view name, const RegionChooser& choose,
+                            Image& out) {
+  if (!bytes.empty() && detect_format(bytes) == ImageFormat::kJpeg) {
+    CropBox where;
+    detail::decode_jpeg(bytes, name, out, &choose, &where);
+    return where;
+  }
+  decode_image(bytes, name, out);
+  return choose(out.height, out.width);
+}
+
 Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name) {
   Image out;
   decode_image(bytes, name, out);

@@ -3,6 +3,7 @@
 // that called setjmp. Only trivially destructible objects live in that frame
 // and in the libjpeg frames it skips, so no destructor is jumped over; the
 // caller owns the output buffer and frees libjpeg's state after the jump.
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
@@ -59,8 +60,12 @@ struct Encoder {
 };
 
 // Leaves `reason` empty on success, else writes why it failed.
-void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& out, char* reason,
-                 std::size_t reason_size) {
+// With `choose`, only the rows of the box it picks are converted (columns
+// rounded out to whole iMCUs by libjpeg-turbo's jpeg_crop_scanline): the rows
+// above are skipped, those below entropy-decoded only (so truncation is still
+// found); `where` gets the box's place in `out`.
+void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& out, const RegionChooser* choose,
+                 CropBox* where, char* reason, std::size_t reason_size) {
   jpeg_decompress_struct& cinfo = d.cinfo;
   ErrorManager& err = d.err;
   cinfo.err = jpeg_std_error(&err.pub);
@@ -88,6 +93,48 @@ void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& 
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const int channels = cinfo.output_components;
+  if (choose != nullptr) {
+    const CropBox box = (*choose)(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width));
+    *where = box;
+    if (!cmyk && box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 &&
+        static_cast<JDIMENSION>(box.top + box.height) <= cinfo.output_height &&
+        static_cast<JDIMENSION>(box.left + box.width) <= cinfo.output_width) {
+      // Fancy upsampling reads the chroma samples beside a pixel, and at the
+      // edge of a cropped scanline it has none: so the crop gets a margin of
+      // at least one pixel on each side (before rounding out to iMCUs),
+      // unless it already touches the image's edge, as a full decode does.
+      const int x0 = std::max(box.left - 2, 0);
+      const int x1 = std::min(box.left + box.width + 2, static_cast<int>(cinfo.output_width));
+      JDIMENSION x = static_cast<JDIMENSION>(x0);
+      JDIMENSION w = static_cast<JDIMENSION>(x1 - x0);
+      if (w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x, &w);
+      out.reshape(box.height, static_cast<int>(cinfo.output_width));
+      where->top = 0;
+      where->left = box.left - static_cast<int>(x);
+      if (box.top > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(box.top));
+      for (int y = 0; y < box.height; ++y) {
+        JSAMPROW row = out.pixels.data() + static_cast<std::size_t>(y) * out.row_bytes();
+        jpeg_read_scanlines(&cinfo, &row, 1);
+      }
+      // The rows below are still read, so a file cut short anywhere fails as
+      // it would in a full decode: skipping rows decodes their entropy-coded
+      // data only, but skipping to the very end reads nothing, hence the
+      // last row is read for real.
+      const JDIMENSION rest = cinfo.output_height - cinfo.output_scanline;
+      if (rest > 1) jpeg_skip_scanlines(&cinfo, rest - 1);
+      if (rest > 0) {
+        JSAMPARRAY last = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                     cinfo.output_width * 3, 1);
+        jpeg_read_scanlines(&cinfo, last, 1);
+      }
+      if (!err.truncated) jpeg_finish_decompress(&cinfo);
+      if (err.truncated) {
+        std::snprintf(reason, reason_size, "truncated JPEG: data ends before the image does");
+      }
+      jpeg_destroy_decompress(&cinfo);
+      return;
+    }
+  }
   out.reshape(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width));
   if (!cmyk) {
     while (cinfo.output_scanline < cinfo.output_height) {
@@ -152,10 +199,11 @@ bool encode_impl(Encoder& e, const std::uint8_t* pixels, int height, int width, 
 
 }  // namespace
 
-void detail::decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out) {
+void detail::decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out,
+                         const RegionChooser* choose, CropBox* where) {
   char reason[JMSG_LENGTH_MAX + 64];
   Decoder d;
-  decode_impl(d, bytes.data(), bytes.size(), out, reason, sizeof reason);
+  decode_impl(d, bytes.data(), bytes.size(), out, choose, where, reason, sizeof reason);
   if (reason[0] != '\0') {
     out.reshape(0, 0);
     const bool ours = std::strncmp(reason, "truncated", 9) == 0 || std::strncmp(reason, "image too large", 15) == 0;

@@ -38,10 +38,27 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
   Image* cur = &scratch.a;
   Image* other = &scratch.b;
   const auto start = Clock::now();
-  decode_image(encoded, name, *cur);
+  std::size_t first = 0;
+  const auto* crop_first = spec_.ops.empty() ? nullptr : std::get_if<RandomResizedCropOp>(&spec_.ops.front());
+  CropBox region;
+  if (crop_first != nullptr) {
+    // The crop is drawn from the header's size, so only its region is decoded.
+    SampleRng rng(key, 0);
+    region = decode_image_region(
+        encoded, name,
+        [&](int h, int w) { return random_resized_crop_box(h, w, crop_first->scale, crop_first->ratio, rng); },
+        *cur);
+  } else {
+    decode_image(encoded, name, *cur);
+  }
   const auto decoded = Clock::now();
   scratch.times.decode += seconds(decoded - start);
-  for (std::size_t i = 0; i < spec_.ops.size(); ++i) {
+  if (crop_first != nullptr) {
+    resize(*cur, region, crop_first->size[0], crop_first->size[1], crop_first->antialias, *other);
+    std::swap(cur, other);
+    first = 1;
+  }
+  for (std::size_t i = first; i < spec_.ops.size(); ++i) {
     const OpSpec& op = spec_.ops[i];
     // Each op draws from its own stream (its position), so the draws of one
     // op never depend on how many another made.

@@ -31,6 +31,7 @@
 // accumulates into recv; another rank only reads send until the broadcast of
 // the same segment overwrites recv (in place, after its reduce has finished
 // reading that segment). No scratch of its own beyond the phases' tasks.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,6 +67,7 @@ class AllreduceHierarchical final : public Task {
     std::vector<int> local;
     for (const int g : group.local_ranks()) local.push_back(group.mesh_rank(g));
     local_.emplace(group.mesh(), std::move(local));
+    sub_to_group_[kLocal] = group.local_ranks();
     const bool leader = group.local_ranks().front() == group.rank();
     stages_.push_back({Phase::kReduce});
     if (leader) {
@@ -75,7 +77,10 @@ class AllreduceHierarchical final : public Task {
       std::vector<bool> seen(static_cast<std::size_t>(group.hosts()), false);
       for (int g = 0; g < group.size(); ++g) {
         const auto host = static_cast<std::size_t>(group.host_of(g));
-        if (!seen[host]) leaders.push_back(group.mesh_rank(g));
+        if (!seen[host]) {
+          leaders.push_back(group.mesh_rank(g));
+          sub_to_group_[kLeaders].push_back(g);
+        }
         seen[host] = true;
       }
       leaders_.emplace(group.mesh(), std::move(leaders));
@@ -90,6 +95,17 @@ class AllreduceHierarchical final : public Task {
       for (std::size_t i = 0; i < stages_.size(); ++i) moved = advance(i) || moved;
     }
     return stages_.back().completed == segments_;
+  }
+
+  // What the running phases wait for, as ranks of the whole group.
+  std::vector<int> waiting_for() const override {
+    std::vector<int> ranks;
+    for (const Stage& stage : stages_) {
+      if (!stage.task) continue;
+      const auto& to_group = sub_to_group_[stage.phase == Phase::kInterHost ? kLeaders : kLocal];
+      for (const int r : stage.task->waiting_for()) ranks.push_back(to_group.at(static_cast<std::size_t>(r)));
+    }
+    return ranks;
   }
 
  private:
@@ -166,6 +182,9 @@ class AllreduceHierarchical final : public Task {
   std::optional<Group> local_;    // this host's ranks, the leader first
   std::optional<Group> leaders_;  // one rank per host; on leaders only
   std::vector<Stage> stages_;     // this rank's phases, in order
+  // Group rank of each rank of local_ and of leaders_.
+  static constexpr std::size_t kLocal = 0, kLeaders = 1;
+  std::array<std::vector<int>, 2> sub_to_group_;
 };
 
 }  // namespace

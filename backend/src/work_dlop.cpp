@@ -83,6 +83,8 @@ void WorkDlop::attach(std::vector<sched::Handle> handles, std::shared_ptr<Comple
   // down), the last handle completes the Work on its own thread.
   auto on_done = [self, weak_queue = std::weak_ptr<CompletionQueue>(queue)](std::exception_ptr) {
     if (self->remaining_.fetch_sub(1) != 1) return;
+    int waiting = kCallerWaiting;
+    if (self->waiter_.compare_exchange_strong(waiting, kCallerCompletes)) return;  // wait() completes it
     if (auto live = weak_queue.lock()) {
       live->push(self);
     } else {
@@ -105,6 +107,8 @@ bool WorkDlop::isCompleted() {
 bool WorkDlop::wait(std::chrono::milliseconds timeout) {
   const bool bounded = timeout != kNoTimeout;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int no_waiter = kNoWaiter;
+  const bool claimed = waiter_.compare_exchange_strong(no_waiter, kCallerWaiting);
   for (const auto& handle : handles_) {
     try {
       if (!bounded) {
@@ -116,7 +120,11 @@ bool WorkDlop::wait(std::chrono::milliseconds timeout) {
     } catch (const Error& e) {
       // A wait that ran out of the caller's time leaves the operation running;
       // one that failed is completed below and rethrown by Work::wait.
-      if (e.code() == Errc::kTimeout && !handle.test()) {
+      // Before giving up, hand the completion back to the queue, unless the
+      // last handle has just left it to this caller (then all are done).
+      int waiting = kCallerWaiting;
+      if (e.code() == Errc::kTimeout && !handle.test() &&
+          (!claimed || waiter_.compare_exchange_strong(waiting, kNoWaiter))) {
         C10_THROW_ERROR(DistBackendError, fmt::format("dlop: Work.wait timed out after {} ms waiting for {}",
                                                       timeout.count(), handle.describe()));
       }

@@ -67,6 +67,13 @@ class WorkDlop : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> remaining_{0};
   std::atomic<bool> completing_{false};
+  // A caller blocked in wait() claims the completion (kCallerWaiting); the last
+  // handle to finish then leaves it to that caller (kCallerCompletes) instead
+  // of waking the completion thread, so a blocking call costs no thread
+  // wake-up (measured: a futex wake and a context switch per call, which on a
+  // busy machine steal the core the peer rank needs).
+  enum : int { kNoWaiter, kCallerWaiting, kCallerCompletes };
+  std::atomic<int> waiter_{kNoWaiter};
 };
 
 // A torch exception for a dlop error: ValueError for invalid arguments,

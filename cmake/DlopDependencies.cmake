@@ -17,6 +17,8 @@ find_package(Threads REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
+# dlop-offloader's control connection: HMAC-SHA256 and nonces (libcrypto).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 find_package(MPI COMPONENTS C QUIET)
 set(DLOP_HAVE_MPI ${MPI_C_FOUND})

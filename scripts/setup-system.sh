@@ -16,6 +16,8 @@ PACKAGES=(
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   # offload/: JPEG and PNG decoding; zlib for record-file checksums.
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
+  # dlop-offloader: libcrypto (HMAC-SHA256); clang for the protocol's libFuzzer target.
+  libssl-dev clang
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -1,0 +1,152 @@
+// The trainer's side of one dlop-offloader connection: connect and
+// authenticate, configure a pipeline, ask for batches to be made into
+// buffers of the caller's, and collect their completions.
+//
+// A batch travels by UCX straight into the caller's buffer (a tagged
+// receive posted by produce(), tag = the lease id), and its BATCH_READY by
+// the TCP control connection; a completion is reported once both arrived, so
+// a completed buffer holds the whole batch. Leases, reissue and exactly-once
+// belong to the layer above (the lease manager); this class only keeps the
+// promise that a buffer is never written after its lease completed, failed,
+// was canceled or was lost with the daemon.
+//
+// Driven by one thread at a time. Errors are dlop::Error: kPeerDead when the
+// daemon dies or cannot be reached, kProtocol when it answers nonsense,
+// kInvalidArgument for a refused token or configuration, kTimeout for a
+// blocking call that got no answer in time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "offload/protocol.hpp"
+#include "offload/protocol_messages.hpp"
+
+namespace dlop::transport {
+class UcxWorker;
+}
+
+namespace dlop::offload {
+
+struct OffloadConfig {
+  std::string source;          // image folder or record file, as the daemon's host sees it
+  std::string transform_json;  // a TransformSpec (see spec.hpp); its "on_error" is the error policy
+  std::uint64_t seed = 0;
+  std::uint32_t batch_size = 0;
+};
+
+// Where things lie in a batch buffer (see protocol::Configured): images
+// count x C x H x W from offset 0, int64 labels from labels_offset.
+using BatchLayout = protocol::Configured;
+
+struct Completion {
+  enum class Status { kReady, kFailed, kCanceled };
+  Status status = Status::kReady;
+  std::uint64_t lease = 0;
+  std::uint64_t batch = 0;
+  // kReady: samples in the buffer and the bytes written; skipped samples
+  // (skip policy) are listed, the others moved up in order.
+  std::uint32_t count = 0;
+  std::size_t bytes = 0;
+  std::vector<protocol::Skipped> skipped;
+  // kFailed: the daemon's code and message (kSample: a sample failed under
+  // the raise policy).
+  protocol::ErrorCode error_code = protocol::ErrorCode::kInternal;
+  std::string error;
+};
+
+class OffloadClient {
+ public:
+  struct Options {
+    std::string name = "dlop";  // shown in the daemon's logs
+    // Connecting, authenticating, configure() and stats() give up after this.
+    std::chrono::milliseconds timeout = config().timeout;
+    // A worker to receive batches on, shared with other clients (its thread
+    // rules apply); null: the client makes its own. Lease ids must then be
+    // unique across all the clients sharing it, as they are the UCX tags.
+    std::shared_ptr<transport::UcxWorker> worker;
+  };
+
+  // Connects to host:port and authenticates with `token`. Throws kPeerDead
+  // when nobody answers, kInvalidArgument when the daemon refuses the token,
+  // kProtocol when the peer is not a dlop-offloader of this version.
+  OffloadClient(const std::string& host, std::uint16_t port, std::string token, Options options);
+  OffloadClient(const std::string& host, std::uint16_t port, std::string token);
+  // Cancels what is pending and waits (briefly) until no buffer can be written.
+  ~OffloadClient();
+  OffloadClient(const OffloadClient&) = delete;
+  OffloadClient& operator=(const OffloadClient&) = delete;
+
+  // Once per connection. Throws kInvalidArgument with the daemon's reason.
+  const BatchLayout& configure(const OffloadConfig& config);
+  const BatchLayout& layout() const;
+
+  // Asks for the batch of `indices` (1 .. batch_size) in `epoch`, to be
+  // written into `buffer` (at least layout().batch_bytes). `lease` is
+  // nonzero and not open. The buffer is the daemon's until this lease's
+  // completion is returned, or a call threw kPeerDead.
+  void produce(std::uint64_t lease, std::uint64_t epoch, std::uint64_t batch, std::span<const std::uint64_t> indices,
+               void* buffer, std::size_t capacity);
+  // Asks the daemon to drop a lease; it still completes (kCanceled, or
+  // kReady/kFailed when its answer was already on the way).
+  void cancel(std::uint64_t lease);
+
+  // A completion if one is ready, without blocking.
+  std::optional<Completion> poll();
+  // Waits up to `timeout` for a completion.
+  std::optional<Completion> wait(std::chrono::milliseconds timeout);
+  // The daemon's counters (a round trip; completions arriving meanwhile are kept).
+  protocol::Stats stats();
+  // A round trip to the daemon; throws kPeerDead if it is gone.
+  void ping();
+
+  std::size_t in_flight() const { return leases_.size(); }
+  // After kPeerDead: the leases that were open, to be reissued elsewhere.
+  const std::vector<std::uint64_t>& lost_leases() const { return lost_; }
+  const protocol::Welcome& daemon() const { return welcome_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Lease;
+  struct Socket;
+
+  void handshake();
+  void send(protocol::MsgType type, const protocol::Bytes& payload);
+  // Reads what the socket has (waiting up to `timeout` for something) and
+  // handles every frame; returns the frames that are not lease answers.
+  std::vector<protocol::Frame> pump(std::chrono::milliseconds timeout);
+  protocol::Frame await(protocol::MsgType type, const char* what);
+  void on_answer(const protocol::Frame& frame);
+  void collect();
+  [[noreturn]] void fail(Errc code, const std::string& why);
+  void release_receives();
+  bool progress_worker();
+
+  std::string address_;  // "host:port", for messages
+  std::string token_;
+  Options options_;
+  std::unique_ptr<Socket> socket_;
+  protocol::FrameWriter writer_;
+  protocol::FrameDecoder decoder_;
+  protocol::Welcome welcome_;
+  std::optional<BatchLayout> layout_;
+  std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
+  std::deque<Completion> ready_;
+  std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else
+  std::vector<std::uint64_t> lost_;
+  std::optional<Error> failure_;  // once the connection is gone, every call throws this
+  std::uint64_t next_ping_ = 1;
+  bool authenticating_ = false;  // HELLO sent, WELCOME not yet in
+};
+
+}  // namespace dlop::offload

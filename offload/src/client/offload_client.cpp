@@ -1,0 +1,372 @@
+#include "offload/offload_client.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "offload/protocol_auth.hpp"
+#include "socket.hpp"
+#include "transport/ucx_worker.hpp"
+
+namespace dlop::offload {
+
+using Clock = std::chrono::steady_clock;
+using protocol::MsgType;
+
+struct OffloadClient::Socket {
+  net::UniqueFd fd;
+};
+
+// One open lease: the posted receive and whatever the daemon answered.
+struct OffloadClient::Lease {
+  std::uint64_t id = 0;
+  std::uint64_t batch = 0;
+  void* request = nullptr;  // the UCX receive while UCX holds it
+  bool received = false;    // UCX finished the receive (data, cancellation or error)
+  ucs_status_t recv_status = UCS_INPROGRESS;
+  std::size_t recv_bytes = 0;
+  std::uint32_t asked = 0;  // indices in the PRODUCE
+  std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
+
+  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+    auto* lease = static_cast<Lease*>(user);
+    lease->recv_status = status;
+    if (status == UCS_OK && info != nullptr) lease->recv_bytes = info->length;
+    lease->received = true;
+    lease->request = nullptr;
+    ucp_request_free(request);
+  }
+};
+
+OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::string token)
+    : OffloadClient(host, port, std::move(token), Options{}) {}
+
+OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::string token, Options options)
+    : address_(host + ":" + std::to_string(port)),
+      token_(std::move(token)),
+      options_(std::move(options)),
+      socket_(std::make_unique<Socket>()) {
+  if (!options_.worker) options_.worker = std::make_shared<transport::UcxWorker>();
+  socket_->fd = net::connect_tcp(host, port, options_.timeout);
+  handshake();
+}
+
+OffloadClient::~OffloadClient() {
+  socket_->fd.reset();
+  try {
+    release_receives();
+  } catch (const std::exception& e) {
+    log().warn("offload client {}: {}", address_, e.what());
+  }
+}
+
+void OffloadClient::fail(Errc code, const std::string& why) {
+  if (!failure_) {
+    socket_->fd.reset();
+    for (const auto& [id, lease] : leases_) lost_.push_back(id);
+    release_receives();
+    leases_.clear();
+    try {
+      throw_error(code, "dlop-offloader at " + address_ + ": " + why +
+                            (lost_.empty() ? "" : " (" + std::to_string(lost_.size()) + " leases lost)"));
+    } catch (const Error& e) {
+      failure_ = e;
+    }
+  }
+  throw *failure_;
+}
+
+bool OffloadClient::progress_worker() {
+  bool any = false;
+  while (options_.worker->progress()) any = true;
+  return any;
+}
+
+// Cancels every posted receive and progresses until UCX let go of the
+// buffers, so that none is written once the caller gets it back.
+void OffloadClient::release_receives() {
+  for (const auto& [id, lease] : leases_) {
+    if (lease->request != nullptr) ucp_request_cancel(options_.worker->get(), lease->request);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  const auto pending = [this] {
+    for (const auto& [id, lease] : leases_) {
+      if (!lease->received) return true;
+    }
+    return false;
+  };
+  while (pending()) {
+    if (Clock::now() > deadline) {
+      // UCX may still write into these: leak their state rather than free it.
+      log().error("offload client {}: UCX did not release a canceled receive within 5 s", address_);
+      for (auto& [id, lease] : leases_) {
+        if (!lease->received) (void)lease.release();
+      }
+      std::erase_if(leases_, [](const auto& kv) { return kv.second == nullptr; });
+      break;
+    }
+    progress_worker();
+  }
+}
+
+void OffloadClient::send(MsgType type, const protocol::Bytes& payload) {
+  if (failure_) throw *failure_;
+  const protocol::Bytes frame = writer_.encode(type, payload);
+  std::size_t sent = 0;
+  const auto deadline = Clock::now() + options_.timeout;
+  while (sent < frame.size()) {
+    const ssize_t n = ::send(socket_->fd.get(), frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // The daemon is not reading: keep our side moving while we wait.
+      progress_worker();
+      pollfd p{socket_->fd.get(), POLLOUT, 0};
+      if (::poll(&p, 1, net::poll_ms(std::min(deadline, Clock::now() + std::chrono::milliseconds(10)))) == 0 &&
+          Clock::now() > deadline) {
+        fail(Errc::kTimeout, "sending " + std::string(protocol::type_name(type)) + " timed out");
+      }
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      fail(Errc::kPeerDead, std::string("connection lost: ") + std::strerror(errno));
+    }
+  }
+}
+
+std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeout) {
+  if (failure_) throw *failure_;
+  std::vector<protocol::Frame> frames;
+  pollfd fds[2] = {{socket_->fd.get(), POLLIN, 0}, {options_.worker->event_fd(), POLLIN, 0}};
+  const bool armed = timeout.count() > 0 && !progress_worker() && options_.worker->arm();
+  const int n = ::poll(fds, armed ? 2 : 1, armed ? static_cast<int>(timeout.count()) : 0);
+  if (n < 0 && errno != EINTR) fail(Errc::kSystem, std::string("poll: ") + std::strerror(errno));
+  progress_worker();
+  if (n <= 0 || fds[0].revents == 0) return frames;
+  std::uint8_t buf[64 * 1024];
+  while (true) {
+    const ssize_t got = ::recv(socket_->fd.get(), buf, sizeof(buf), 0);
+    if (got == 0) {
+      if (authenticating_) fail(Errc::kInvalidArgument, "the daemon closed the connection after HELLO: it refused the token");
+      fail(Errc::kPeerDead, "the daemon closed the connection (it died or stopped)");
+    }
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      fail(Errc::kPeerDead, std::string("connection lost: ") + std::strerror(errno));
+    }
+    decoder_.feed(std::span(buf, static_cast<std::size_t>(got)));
+  }
+  try {
+    while (auto frame = decoder_.next()) {
+      const MsgType t = frame->type;
+      if (t == MsgType::kBatchReady || t == MsgType::kCanceled || (t == MsgType::kError && layout_)) {
+        on_answer(*frame);
+      } else {
+        frames.push_back(std::move(*frame));
+      }
+    }
+  } catch (const Error& e) {
+    if (failure_) throw;
+    fail(Errc::kProtocol, e.what());
+  }
+  return frames;
+}
+
+protocol::Frame OffloadClient::await(MsgType type, const char* what) {
+  const auto deadline = Clock::now() + options_.timeout;
+  while (true) {
+    for (auto it = unsolicited_.begin(); it != unsolicited_.end(); ++it) {
+      if (it->type == type || it->type == MsgType::kError) {
+        protocol::Frame f = std::move(*it);
+        unsolicited_.erase(it);
+        return f;
+      }
+      fail(Errc::kProtocol, std::string("unexpected ") + std::string(protocol::type_name(it->type)) + " while waiting for " + what);
+    }
+    if (Clock::now() > deadline) fail(Errc::kTimeout, std::string("no answer to ") + what + " in time");
+    auto frames = pump(std::chrono::milliseconds(net::poll_ms(deadline)));
+    unsolicited_.insert(unsolicited_.end(), std::make_move_iterator(frames.begin()), std::make_move_iterator(frames.end()));
+  }
+}
+
+void OffloadClient::handshake() {
+  const protocol::Frame first = await(MsgType::kChallenge, "the connection (CHALLENGE)");
+  if (first.type != MsgType::kChallenge) fail(Errc::kProtocol, "the daemon did not open with CHALLENGE");
+  const auto challenge = protocol::decode<protocol::Challenge>(first.payload);
+  protocol::Hello hello;
+  hello.client_nonce = protocol::random_nonce();
+  hello.proof = protocol::hello_proof(token_, challenge.server_nonce, hello.client_nonce);
+  hello.client_name = options_.name.substr(0, protocol::kMaxName);
+  send(MsgType::kHello, protocol::encode(hello));
+  // Everything after HELLO is keyed both ways. A daemon that refuses the
+  // proof closes without a word (it has no key to seal an answer with).
+  const auto keys = protocol::session_keys(token_, challenge.server_nonce, hello.client_nonce);
+  writer_.set_key(keys.client_to_server);
+  decoder_.set_key(keys.server_to_client);
+  authenticating_ = true;
+  const protocol::Frame welcome = await(MsgType::kWelcome, "HELLO (WELCOME)");
+  authenticating_ = false;
+  if (welcome.type != MsgType::kWelcome) fail(Errc::kProtocol, "the daemon answered HELLO with ERROR");
+  welcome_ = protocol::decode<protocol::Welcome>(welcome.payload);
+  log().info("offload client: connected to {} ({}, pid {}, {} threads)", address_, welcome_.daemon_name, welcome_.pid,
+             welcome_.threads);
+}
+
+const BatchLayout& OffloadClient::layout() const {
+  if (!layout_) throw_error(Errc::kInvalidArgument, "offload client " + address_ + ": not configured");
+  return *layout_;
+}
+
+const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
+  if (layout_) throw_error(Errc::kInvalidArgument, "offload client " + address_ + ": already configured");
+  protocol::Configure m;
+  const transport::Bytes address = options_.worker->address();
+  m.worker_address.assign(address.begin(), address.end());
+  m.source = config.source;
+  m.transform = config.transform_json;
+  m.seed = config.seed;
+  m.batch_size = config.batch_size;
+  send(MsgType::kConfigure, protocol::encode(m));
+  const protocol::Frame answer = await(MsgType::kConfigured, "CONFIGURE");
+  if (answer.type == MsgType::kError) {
+    const auto e = protocol::decode<protocol::ErrorMsg>(answer.payload);
+    throw_error(Errc::kInvalidArgument, "dlop-offloader at " + address_ + " refused the configuration: " + e.message);
+  }
+  const auto configured = protocol::decode<protocol::Configured>(answer.payload);
+  if (configured.batch_bytes < configured.labels_offset + std::uint64_t{config.batch_size} * 8) {
+    fail(Errc::kProtocol, "CONFIGURED layout too small for the batch size");
+  }
+  layout_ = configured;
+  return *layout_;
+}
+
+void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint64_t batch,
+                            std::span<const std::uint64_t> indices, void* buffer, std::size_t capacity) {
+  if (failure_) throw *failure_;
+  const BatchLayout& l = layout();
+  if (lease == 0 || leases_.contains(lease)) {
+    throw_error(Errc::kInvalidArgument, "lease " + std::to_string(lease) + " is zero or already open");
+  }
+  if (capacity < l.batch_bytes) {
+    throw_error(Errc::kInvalidArgument, "buffer of " + std::to_string(capacity) + " bytes for batches of " +
+                                            std::to_string(l.batch_bytes));
+  }
+  auto state = std::make_unique<Lease>();
+  state->id = lease;
+  state->batch = batch;
+  state->asked = static_cast<std::uint32_t>(indices.size());
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  params.cb.recv = &Lease::on_recv;
+  params.user_data = state.get();
+  // Post before asking, so the batch finds its buffer (no unexpected-message copy).
+  const ucs_status_ptr_t r =
+      ucp_tag_recv_nbx(options_.worker->get(), buffer, l.batch_bytes, lease, ~ucp_tag_t{0}, &params);
+  if (UCS_PTR_IS_ERR(r)) transport::check_ucs(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx");
+  state->request = r;
+  leases_.emplace(lease, std::move(state));
+  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end())};
+  send(MsgType::kProduce, protocol::encode(m));
+}
+
+void OffloadClient::cancel(std::uint64_t lease) {
+  if (!leases_.contains(lease)) return;
+  send(MsgType::kCancel, protocol::encode(protocol::Cancel{lease}));
+}
+
+void OffloadClient::on_answer(const protocol::Frame& frame) {
+  std::uint64_t id = 0;
+  if (frame.type == MsgType::kBatchReady) id = protocol::decode<protocol::BatchReady>(frame.payload).lease;
+  if (frame.type == MsgType::kCanceled) id = protocol::decode<protocol::Canceled>(frame.payload).lease;
+  if (frame.type == MsgType::kError) id = protocol::decode<protocol::ErrorMsg>(frame.payload).lease;
+  const auto it = leases_.find(id);
+  if (it == leases_.end() || it->second->answer) {
+    fail(Errc::kProtocol, std::string(protocol::type_name(frame.type)) + " for lease " + std::to_string(id) +
+                              ", which is not open");
+  }
+  Lease& lease = *it->second;
+  lease.answer = frame;
+  // No data will come for a failed or canceled lease: take the buffer back.
+  if (frame.type != MsgType::kBatchReady && lease.request != nullptr) {
+    ucp_request_cancel(options_.worker->get(), lease.request);
+  }
+}
+
+// Moves leases whose answer and receive are both in to the ready list.
+void OffloadClient::collect() {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    Lease& lease = *it->second;
+    if (!lease.answer || !lease.received) {
+      ++it;
+      continue;
+    }
+    Completion c;
+    c.lease = lease.id;
+    c.batch = lease.batch;
+    if (lease.answer->type == MsgType::kBatchReady) {
+      auto ready = protocol::decode<protocol::BatchReady>(lease.answer->payload);
+      if (lease.recv_status != UCS_OK || ready.bytes != lease.recv_bytes || ready.count > lease.asked ||
+          ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8) {
+        fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + ": " + std::to_string(lease.recv_bytes) +
+                                  " bytes arrived (" + ucs_status_string(lease.recv_status) + "), BATCH_READY says " +
+                                  std::to_string(ready.bytes));
+      }
+      c.batch = ready.batch;
+      c.count = ready.count;
+      c.bytes = ready.bytes;
+      c.skipped = std::move(ready.skipped);
+    } else if (lease.answer->type == MsgType::kCanceled) {
+      c.status = Completion::Status::kCanceled;
+    } else {
+      auto e = protocol::decode<protocol::ErrorMsg>(lease.answer->payload);
+      c.status = Completion::Status::kFailed;
+      c.error_code = e.code;
+      c.error = std::move(e.message);
+    }
+    ready_.push_back(std::move(c));
+    it = leases_.erase(it);
+  }
+}
+
+std::optional<Completion> OffloadClient::poll() { return wait(std::chrono::milliseconds(0)); }
+
+std::optional<Completion> OffloadClient::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    collect();
+    if (!ready_.empty()) {
+      Completion c = std::move(ready_.front());
+      ready_.pop_front();
+      return c;
+    }
+    if (failure_) throw *failure_;
+    auto frames = pump(std::chrono::milliseconds(net::poll_ms(deadline)));
+    unsolicited_.insert(unsolicited_.end(), std::make_move_iterator(frames.begin()), std::make_move_iterator(frames.end()));
+    collect();
+    if (ready_.empty() && Clock::now() >= deadline) return std::nullopt;
+  }
+}
+
+protocol::Stats OffloadClient::stats() {
+  send(MsgType::kStatsRequest, {});
+  const protocol::Frame f = await(MsgType::kStats, "STATS_REQUEST");
+  if (f.type != MsgType::kStats) fail(Errc::kProtocol, "ERROR in answer to STATS_REQUEST");
+  return protocol::decode<protocol::Stats>(f.payload);
+}
+
+void OffloadClient::ping() {
+  const std::uint64_t token = next_ping_++;
+  send(MsgType::kPing, protocol::encode(protocol::Ping{token}));
+  const protocol::Frame f = await(MsgType::kPong, "PING");
+  if (f.type != MsgType::kPong || protocol::decode<protocol::Pong>(f.payload).token != token) {
+    fail(Errc::kProtocol, "wrong answer to PING");
+  }
+}
+
+}  // namespace dlop::offload

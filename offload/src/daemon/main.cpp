@@ -1,0 +1,72 @@
+// dlop-offloader: serves batches of a native pipeline to trainers.
+//   dlop-offloader --listen HOST:PORT --token-file F --threads N
+// Prints "dlop-offloader listening on HOST:PORT" once it accepts connections
+// (with the port chosen when PORT is 0), and stops on SIGINT or SIGTERM.
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "offload/protocol_auth.hpp"
+#include "server.hpp"
+#include "socket.hpp"
+#include "transport/tcp_store.hpp"
+
+int main(int argc, char** argv) {
+  using namespace dlop;
+  CLI::App app{"dlop-offloader: decodes, augments and collates batches for dlop trainers"};
+  std::string listen = "127.0.0.1:0";
+  std::string token_file;
+  std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  offload::daemon::ServerOptions options;
+  app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any; 0.0.0.0: every interface)")
+      ->capture_default_str();
+  app.add_option("--token-file", token_file, "file holding the shared token (mode 600)")->required();
+  app.add_option("--threads", threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--max-connections", options.max_connections, "control connections at once")->capture_default_str();
+  app.add_option("--max-leases", options.max_leases, "open leases per connection")->capture_default_str();
+  std::int64_t auth_ms = options.auth_timeout.count(), frame_ms = options.frame_timeout.count();
+  app.add_option("--auth-timeout-ms", auth_ms, "time a new connection has to authenticate")->capture_default_str();
+  app.add_option("--frame-timeout-ms", frame_ms, "time a frame once begun has to arrive whole")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  options.auth_timeout = std::chrono::milliseconds(auth_ms);
+  options.frame_timeout = std::chrono::milliseconds(frame_ms);
+
+  try {
+    // Signals are taken through a file descriptor by the event loop; blocked
+    // before any thread starts, so every thread inherits the mask.
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    offload::net::UniqueFd stop(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (!stop) throw_errno("signalfd");
+
+    const auto [host, port] = transport::parse_host_port(listen);
+    options.host = host;
+    options.port = port;
+    options.token = offload::protocol::read_token_file(token_file, /*strict=*/true);
+    options.threads = threads;
+    char hostname[256] = {};
+    ::gethostname(hostname, sizeof(hostname) - 1);
+    options.name = std::string("dlop-offloader on ") + hostname;
+
+    offload::daemon::Server server(options);
+    std::printf("dlop-offloader listening on %s:%u\n", host.c_str(), static_cast<unsigned>(server.port()));
+    std::fflush(stdout);
+    log().info("offloader: listening on {}:{} with {} compute threads", host, server.port(), threads);
+    server.run(stop.get());
+    log().info("offloader: stopping");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dlop-offloader: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,119 @@
+// The dlop-offloader event loop: one thread that accepts control
+// connections, authenticates them, parses their frames, hands batch jobs to
+// the Executor and sends finished batches through the UcxSender.
+//
+// Nothing from the network is trusted: a frame that breaks the protocol
+// closes its own connection with a logged reason; a client that vanishes
+// loses its own leases; other clients are not disturbed. The daemon keeps no
+// state beyond its connections and their leases.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "executor.hpp"
+#include "offload/protocol.hpp"
+#include "offload/protocol_auth.hpp"
+#include "offload/protocol_messages.hpp"
+#include "socket.hpp"
+#include "stats.hpp"
+#include "ucx_sender.hpp"
+
+namespace dlop::offload::daemon {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;       // 0: any free port (see Server::port())
+  std::string token;            // the shared secret (see protocol_auth.hpp)
+  std::size_t threads = 1;      // compute threads
+  std::string name;             // sent in WELCOME, for clients' logs
+  // A connection must authenticate within this long after it is accepted,
+  // and a frame once begun must be complete within frame_timeout: slow or
+  // stalled peers cannot hold connections open.
+  std::chrono::milliseconds auth_timeout{10'000};
+  std::chrono::milliseconds frame_timeout{30'000};
+  std::size_t max_connections = 256;
+  std::size_t max_leases = 64;  // open leases per connection; more get ERROR(kBusy)
+  std::size_t max_output = 64u << 20;  // bytes queued for a client that does not read: then closed
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);  // binds and listens; throws kSystem naming host:port
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  // Serves until `stop_fd` becomes readable.
+  void run(int stop_fd);
+
+ private:
+  enum class LeaseState { kQueued, kSending };  // queued or being made; being sent
+  struct Lease {
+    LeaseState state = LeaseState::kQueued;
+    bool canceled = false;
+  };
+  struct Conn {
+    std::uint64_t id = 0;
+    net::UniqueFd fd;
+    std::string peer;  // "ip:port", then "ip:port (client name)" once known
+    protocol::FrameDecoder decoder{protocol::kMaxPreAuthPayload};
+    protocol::FrameWriter writer;
+    protocol::Bytes out;
+    std::size_t out_sent = 0;
+    bool authenticated = false;
+    protocol::Nonce server_nonce{};
+    std::chrono::steady_clock::time_point accepted;
+    std::chrono::steady_clock::time_point partial_since{};  // a frame began; {} when none
+    std::shared_ptr<const Dataset> dataset;
+    std::uint64_t endpoint = 0;  // UcxSender id, 0 until CONFIGURE
+    std::map<std::uint64_t, Lease> leases;
+    bool closed = false;
+  };
+
+  // server.cpp: connections and bytes.
+  void accept_all();
+  void on_readable(Conn& c);
+  void on_writable(Conn& c);
+  void close_conn(Conn& c, const std::string& reason, bool warn);
+  void check_deadlines();
+  std::chrono::steady_clock::time_point next_deadline() const;
+  void send_frame(Conn& c, protocol::MsgType type, const protocol::Bytes& payload);
+  template <class M>
+  void reply(Conn& c, const M& message) {
+    send_frame(c, M::kType, protocol::encode(message));
+  }
+  void drain_wake_fd();
+  std::size_t open_leases() const;
+
+  // session.cpp: what the frames mean.
+  void on_frame(Conn& c, protocol::Frame frame);
+  void on_hello(Conn& c, const protocol::Frame& frame);
+  void on_configure(Conn& c, const protocol::Configure& m);
+  void on_produce(Conn& c, protocol::Produce m);
+  void on_cancel(Conn& c, std::uint64_t lease);
+  void on_results();
+  void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status);
+  std::shared_ptr<const Source> open_source_cached(const std::string& path);
+
+  ServerOptions options_;
+  net::UniqueFd listener_;
+  std::uint16_t port_ = 0;
+  net::UniqueFd wake_;  // eventfd the executor writes when results are ready
+  DaemonStats stats_;
+  UcxSender sender_;
+  std::unique_ptr<Executor> executor_;
+  std::map<std::uint64_t, std::unique_ptr<Conn>> conns_;
+  std::uint64_t next_conn_ = 1;
+  std::size_t sends_in_flight_ = 0;  // batches handed to UCX, whatever became of their connection
+  // Sources open for some connection, shared so that several connections on
+  // one dataset scan it once; dropped with the last user.
+  std::map<std::string, std::weak_ptr<const Source>> sources_;
+};
+
+}  // namespace dlop::offload::daemon

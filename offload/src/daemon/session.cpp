@@ -1,0 +1,204 @@
+// What the frames of an authenticated (or authenticating) connection mean.
+#include <chrono>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "offload/protocol_auth.hpp"
+#include "server.hpp"
+
+namespace dlop::offload::daemon {
+
+using Clock = std::chrono::steady_clock;
+using protocol::ErrorCode;
+using protocol::MsgType;
+
+namespace {
+
+// The largest batch buffer a client may ask for: a bound on the daemon's
+// staging memory (a few of these at once), far above any sensible batch.
+constexpr std::uint64_t kMaxBatchBytes = 2ull << 30;
+
+}  // namespace
+
+void Server::on_frame(Conn& c, protocol::Frame frame) {
+  if (!c.authenticated) {
+    if (frame.type != MsgType::kHello) {
+      throw_error(Errc::kProtocol, std::string(protocol::type_name(frame.type)) + " before authentication");
+    }
+    return on_hello(c, frame);
+  }
+  switch (frame.type) {
+    case MsgType::kConfigure: return on_configure(c, protocol::decode<protocol::Configure>(frame.payload));
+    case MsgType::kProduce: return on_produce(c, protocol::decode<protocol::Produce>(frame.payload));
+    case MsgType::kCancel: return on_cancel(c, protocol::decode<protocol::Cancel>(frame.payload).lease);
+    case MsgType::kStatsRequest:
+      protocol::decode<protocol::StatsRequest>(frame.payload);
+      return reply(c, stats_.snapshot(conns_.size(), open_leases()));
+    case MsgType::kPing:
+      return reply(c, protocol::Pong{protocol::decode<protocol::Ping>(frame.payload).token});
+    default:
+      throw_error(Errc::kProtocol, std::string(protocol::type_name(frame.type)) + " is not a client's message");
+  }
+}
+
+void Server::on_hello(Conn& c, const protocol::Frame& frame) {
+  const auto hello = protocol::decode<protocol::Hello>(frame.payload);
+  const auto expected = protocol::hello_proof(options_.token, c.server_nonce, hello.client_nonce);
+  if (!protocol::proof_matches(expected, hello.proof)) {
+    stats_.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    // No answer: there is no key both sides share to seal one with.
+    return close_conn(c, "authentication failed (wrong token) from client '" + hello.client_name + "'", true);
+  }
+  const auto keys = protocol::session_keys(options_.token, c.server_nonce, hello.client_nonce);
+  c.decoder.set_key(keys.client_to_server);
+  c.writer.set_key(keys.server_to_client);
+  c.authenticated = true;
+  c.peer += " (" + hello.client_name + ")";
+  log().info("offloader: connection {} authenticated: {}", c.id, c.peer);
+  reply(c, protocol::Welcome{static_cast<std::uint32_t>(options_.threads), static_cast<std::uint32_t>(::getpid()),
+                             options_.name});
+}
+
+std::shared_ptr<const Source> Server::open_source_cached(const std::string& path) {
+  if (auto s = sources_[path].lock()) return s;
+  std::shared_ptr<const Source> s = open_source(path);
+  sources_[path] = s;
+  std::erase_if(sources_, [](const auto& kv) { return kv.second.expired(); });
+  return s;
+}
+
+void Server::on_configure(Conn& c, const protocol::Configure& m) {
+  if (c.dataset) {
+    return reply(c, protocol::ErrorMsg{0, ErrorCode::kBadRequest, "already configured: open a new connection"});
+  }
+  try {
+    Pipeline pipeline = Pipeline::from_json(m.transform);
+    const std::optional<Shape> shape = pipeline.fixed_shape();
+    if (!shape) {
+      throw_error(Errc::kInvalidArgument,
+                  "the transform spec gives samples of varying size: end it with random_resized_crop, center_crop "
+                  "or resize to [height, width]");
+    }
+    protocol::Configured layout;
+    layout.channels = static_cast<std::uint32_t>(shape->channels);
+    layout.height = static_cast<std::uint32_t>(shape->height);
+    layout.width = static_cast<std::uint32_t>(shape->width);
+    layout.dtype = pipeline.spec().output == OutputType::kUint8 ? protocol::Dtype::kUint8 : protocol::Dtype::kFloat32;
+    layout.sample_bytes = shape->elements() * pipeline.element_size();
+    // Labels start on a 64-byte boundary, so both parts are aligned views of
+    // one buffer for any batch size.
+    layout.labels_offset = (m.batch_size * layout.sample_bytes + 63) / 64 * 64;
+    layout.batch_bytes = layout.labels_offset + m.batch_size * sizeof(std::int64_t);
+    if (layout.batch_bytes > kMaxBatchBytes) {
+      throw_error(Errc::kInvalidArgument, "a batch of " + std::to_string(m.batch_size) + " samples needs " +
+                                              std::to_string(layout.batch_bytes) + " bytes, over the daemon's limit");
+    }
+    std::shared_ptr<const Source> source = open_source_cached(m.source);
+    layout.dataset_size = source->size();
+    layout.classes = static_cast<std::uint32_t>(source->classes().size());
+    const std::uint64_t endpoint = sender_.connect(m.worker_address, c.peer);
+    c.endpoint = endpoint;
+    c.dataset = std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), m.seed, m.batch_size, layout});
+    log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}", c.id, m.source,
+               layout.dataset_size, m.batch_size, layout.channels, layout.height, layout.width);
+    reply(c, layout);
+  } catch (const std::exception& e) {
+    // A bad spec, a missing source or an unusable worker address: the client
+    // may try again on this connection.
+    log().info("offloader: connection {}: CONFIGURE refused: {}", c.id, e.what());
+    reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+  }
+}
+
+void Server::on_produce(Conn& c, protocol::Produce m) {
+  if (c.leases.contains(m.lease)) {
+    // Two answers for one lease id would be ambiguous: a client bug.
+    throw_error(Errc::kProtocol, "PRODUCE for lease " + std::to_string(m.lease) + ", which is still open");
+  }
+  const auto refuse = [&](ErrorCode code, const std::string& why) {
+    stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+    reply(c, protocol::ErrorMsg{m.lease, code, why});
+  };
+  if (!c.dataset) return refuse(ErrorCode::kBadRequest, "PRODUCE before CONFIGURE");
+  if (c.leases.size() >= options_.max_leases) {
+    return refuse(ErrorCode::kBusy, "already " + std::to_string(c.leases.size()) + " open leases on this connection");
+  }
+  if (m.indices.size() > c.dataset->batch_size) {
+    return refuse(ErrorCode::kInvalidArgument, std::to_string(m.indices.size()) + " indices for a batch size of " +
+                                                   std::to_string(c.dataset->batch_size));
+  }
+  for (const std::uint64_t i : m.indices) {
+    if (i >= c.dataset->layout.dataset_size) {
+      return refuse(ErrorCode::kInvalidArgument, "sample index " + std::to_string(i) + " out of range (" +
+                                                     std::to_string(c.dataset->layout.dataset_size) + " samples)");
+    }
+  }
+  c.leases.emplace(m.lease, Lease{});
+  executor_->submit(Job{c.id, m.lease, m.epoch, m.batch, std::move(m.indices), c.dataset});
+}
+
+void Server::on_cancel(Conn& c, std::uint64_t lease) {
+  const auto it = c.leases.find(lease);
+  // Not open: its BATCH_READY, ERROR or CANCELED went out already, and the
+  // client will see that one.
+  if (it == c.leases.end()) return;
+  stats_.leases_canceled.fetch_add(1, std::memory_order_relaxed);
+  if (it->second.state == LeaseState::kQueued && executor_->cancel_queued(c.id, lease)) {
+    c.leases.erase(it);
+    return reply(c, protocol::Canceled{lease});
+  }
+  // Being made or sent: CANCELED goes out once its buffer is ours again.
+  it->second.canceled = true;
+}
+
+void Server::on_results() {
+  for (JobResult& r : executor_->take_results()) {
+    const auto ci = conns_.find(r.job.conn);
+    Conn* c = ci == conns_.end() || ci->second->closed ? nullptr : ci->second.get();
+    const auto li = c != nullptr ? c->leases.find(r.job.lease) : decltype(c->leases.end()){};
+    if (c == nullptr || li == c->leases.end() || li->second.canceled || r.error) {
+      if (r.staging.data) executor_->release(std::move(r.staging));
+      if (c == nullptr || li == c->leases.end()) continue;
+      if (li->second.canceled) {
+        reply(*c, protocol::Canceled{r.job.lease});
+      } else {
+        reply(*c, *r.error);
+      }
+      c->leases.erase(li);
+      continue;
+    }
+    li->second.state = LeaseState::kSending;
+    // The buffer rides with the callback, which gives it back when UCX is done with it.
+    auto staging = std::make_shared<Staging>(std::move(r.staging));
+    const std::byte* data = staging->data.get();
+    ++sends_in_flight_;
+    sender_.send(c->endpoint, data, r.bytes, r.job.lease,
+                 [this, staging, conn = c->id, lease = r.job.lease, ready = std::move(r.ready),
+                  start = Clock::now()](ucs_status_t status) mutable {
+                   --sends_in_flight_;
+                   if (status == UCS_OK) stats_.send.add(1, Clock::now() - start, ready.bytes);
+                   if (executor_) executor_->release(std::move(*staging));
+                   on_sent(conn, lease, std::move(ready), status);
+                 });
+  }
+}
+
+void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status) {
+  const auto ci = conns_.find(conn);
+  if (ci == conns_.end() || ci->second->closed) return;
+  Conn& c = *ci->second;
+  const auto li = c.leases.find(lease);
+  if (li == c.leases.end()) return;
+  const bool canceled = li->second.canceled;
+  c.leases.erase(li);
+  if (status != UCS_OK) {
+    stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+    return reply(c, protocol::ErrorMsg{lease, ErrorCode::kInternal,
+                                       std::string("sending the batch over UCX failed: ") + ucs_status_string(status)});
+  }
+  if (canceled) return reply(c, protocol::Canceled{lease});
+  stats_.batches_ready.fetch_add(1, std::memory_order_relaxed);
+  reply(c, ready);
+}
+
+}  // namespace dlop::offload::daemon

@@ -1,0 +1,58 @@
+// The daemon's counters, updated by the compute threads and the event loop
+// and read for STATS replies: relaxed atomics, since each is a plain sum.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "offload/protocol_messages.hpp"
+
+namespace dlop::offload::daemon {
+
+struct StageCounter {
+  std::atomic<std::uint64_t> items{0};
+  std::atomic<std::uint64_t> nanoseconds{0};
+  std::atomic<std::uint64_t> bytes{0};
+
+  void add(std::uint64_t n, std::chrono::nanoseconds t, std::uint64_t b) {
+    items.fetch_add(n, std::memory_order_relaxed);
+    nanoseconds.fetch_add(static_cast<std::uint64_t>(t.count()), std::memory_order_relaxed);
+    bytes.fetch_add(b, std::memory_order_relaxed);
+  }
+  protocol::StageStats snapshot(const char* name) const {
+    return {name, items.load(std::memory_order_relaxed),
+            static_cast<double>(nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
+            bytes.load(std::memory_order_relaxed)};
+  }
+};
+
+struct DaemonStats {
+  // Stages. The pipeline runs decode, augment and collate as one call per
+  // sample (Pipeline::run_batch), so they are timed together as "transform";
+  // "read" is the source's reads inside it, timed apart.
+  StageCounter read;       // samples read; encoded bytes
+  StageCounter transform;  // batches made: decode + augment + collate, wall time of the batch
+  StageCounter send;       // batches sent; bytes; from posting to UCX completion
+  std::atomic<std::uint64_t> connections{0};      // accepted
+  std::atomic<std::uint64_t> auth_failures{0};
+  std::atomic<std::uint64_t> protocol_errors{0};  // connections closed for a bad frame
+  std::atomic<std::uint64_t> batches_ready{0};
+  std::atomic<std::uint64_t> batches_failed{0};
+  std::atomic<std::uint64_t> samples_skipped{0};
+  std::atomic<std::uint64_t> leases_canceled{0};
+
+  protocol::Stats snapshot(std::uint64_t open_connections, std::uint64_t open_leases) const {
+    protocol::Stats s;
+    s.stages = {read.snapshot("read"), transform.snapshot("transform"), send.snapshot("send")};
+    const auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    s.counters = {{"connections", get(connections)},         {"open_connections", open_connections},
+                  {"open_leases", open_leases},              {"auth_failures", get(auth_failures)},
+                  {"protocol_errors", get(protocol_errors)}, {"batches_ready", get(batches_ready)},
+                  {"batches_failed", get(batches_failed)},   {"samples_skipped", get(samples_skipped)},
+                  {"leases_canceled", get(leases_canceled)}};
+    return s;
+  }
+};
+
+}  // namespace dlop::offload::daemon

@@ -1,0 +1,118 @@
+#include "ucx_sender.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dlop::offload::daemon {
+
+UcxSender::UcxSender() = default;
+
+UcxSender::~UcxSender() {
+  for (auto& [id, e] : endpoints_) close_ep(e->ep);
+  endpoints_.clear();
+  // Give UCX a moment to fail the pending sends and finish the closes; their
+  // buffers belong to the executor, which outlives nothing here.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const auto pending = [this] {
+    return !closing_.empty() || std::any_of(finished_.begin(), finished_.end(),
+                                            [](const auto& op) { return op->status == UCS_INPROGRESS; });
+  };
+  while (pending() && std::chrono::steady_clock::now() < deadline) progress();
+  for (void* r : closing_) ucp_request_free(r);
+  // A send UCX never finished may still call back into its op: leak it rather
+  // than let UCX write into freed memory while the worker is destroyed.
+  for (auto& op : finished_) {
+    if (op->status == UCS_INPROGRESS) (void)op.release();
+  }
+}
+
+UcxSender::EndpointId UcxSender::connect(const protocol::Bytes& worker_address, const std::string& peer) {
+  auto e = std::make_unique<Endpoint>();
+  e->owner = this;
+  e->id = next_id_++;
+  e->peer = peer;
+  ucp_ep_params_t params{};
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxSender::on_ep_error;
+  params.err_handler.arg = e.get();
+  // UCX parses the address we were given; it came from an authenticated
+  // client, but a garbled one must still only fail this connection.
+  transport::check_ucs(ucp_ep_create(worker_.get(), &params, &e->ep), "ucp_ep_create (client's worker address)");
+  const EndpointId id = e->id;
+  endpoints_.emplace(id, std::move(e));
+  return id;
+}
+
+void UcxSender::close_ep(ucp_ep_h ep) {
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  const ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &params);
+  if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+}
+
+void UcxSender::disconnect(EndpointId id) {
+  const auto it = endpoints_.find(id);
+  if (it == endpoints_.end()) return;
+  close_ep(it->second->ep);
+  endpoints_.erase(it);
+}
+
+void UcxSender::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* e = static_cast<Endpoint*>(arg);
+  e->failure = ucs_status_string(status);
+  log().warn("offloader: UCX endpoint to {} failed: {}", e->peer, e->failure);
+}
+
+void UcxSender::on_send(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<SendOp*>(user_data);
+  op->status = status;
+  ucp_request_free(request);
+}
+
+void UcxSender::send(EndpointId id, const void* data, std::size_t bytes, std::uint64_t tag, Done done) {
+  auto op = std::make_unique<SendOp>();
+  op->done = std::move(done);
+  const auto it = endpoints_.find(id);
+  if (it == endpoints_.end() || !it->second->failure.empty()) {
+    op->status = UCS_ERR_CONNECTION_RESET;
+    finished_.push_back(std::move(op));
+    return;
+  }
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  params.cb.send = &UcxSender::on_send;
+  params.user_data = op.get();
+  const ucs_status_ptr_t r = ucp_tag_send_nbx(it->second->ep, data, bytes, tag, &params);
+  if (!UCS_PTR_IS_PTR(r)) op->status = UCS_PTR_STATUS(r);  // done at once, or failed
+  // Pending ops wait in finished_ as well; progress() runs those whose status is set.
+  finished_.push_back(std::move(op));
+}
+
+bool UcxSender::progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker_.get()) != 0) any = true;
+  // Run the callbacks of completed sends (outside UCX's callback, so they may
+  // post new sends or close endpoints).
+  std::vector<std::unique_ptr<SendOp>> ready;
+  std::erase_if(finished_, [&](std::unique_ptr<SendOp>& op) {
+    if (op->status == UCS_INPROGRESS) return false;
+    ready.push_back(std::move(op));
+    return true;
+  });
+  for (auto& op : ready) op->done(op->status);
+  std::erase_if(closing_, [](void* r) {
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+    ucp_request_free(r);
+    return true;
+  });
+  return any || !ready.empty();
+}
+
+}  // namespace dlop::offload::daemon

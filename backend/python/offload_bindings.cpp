@@ -43,7 +43,12 @@ U8Array to_array(const Image& img) {
 // in place while the caller keeps it alive.
 std::span<const std::uint8_t> as_bytes(const py::buffer& b, py::buffer_info& info) {
   info = b.request();
-  if (info.ndim > 1 && !(info.strides.back() == info.itemsize)) throw py::value_error("expected contiguous bytes");
+  py::ssize_t stride = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (info.shape[i] > 1 && info.strides[i] != stride) throw py::value_error("expected contiguous bytes");
+    stride *= info.shape[i];
+  }
   return {static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size * info.itemsize)};
 }
 

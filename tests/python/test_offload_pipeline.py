@@ -126,6 +126,14 @@ def test_bad_jpeg_raises_sample_error_like_pil(pixels, cut, reason):
         Image.open(io.BytesIO(data)).load()
 
 
+def test_decode_takes_any_contiguous_buffer(pixels):
+    data = encode_pil(Image.fromarray(pixels), "PNG")
+    for buf in (bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
+        np.testing.assert_array_equal(offload.decode(buf), pixels)
+    with pytest.raises(ValueError, match="contiguous"):
+        offload.decode(memoryview(data)[::2])
+
+
 def test_corrupt_png_raises_sample_error(pixels):
     data = bytearray(encode_pil(Image.fromarray(pixels), "PNG"))
     data[20] ^= 0xFF

@@ -76,6 +76,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, st
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep_alive,
                                                            std::function<void()> finish) {
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) {
+    ++collectives_issued_;
+  }
   auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
                                             std::move(finish));
   work->attach(std::move(handles), completions_);
@@ -89,11 +92,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::barrier(const c10d::BarrierOpti
 
 void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   auto options = op_options(opts.timeout);
-  const auto timeout = *options.timeout;
+  // As with Gloo, only kUnsetTimeout means the group's timeout: an explicit 0
+  // is a limit that has already expired.
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? *options.timeout : opts.timeout;
+  const auto start = std::chrono::steady_clock::now();
   std::uint8_t token = 1;
-  const auto passed = [&](const sched::Handle& handle) {
+  const auto passed = [&](const sched::Handle& handle, std::chrono::milliseconds limit) {
     try {
-      handle.wait(timeout);
+      handle.wait(std::max(limit, std::chrono::milliseconds(0)));
       return true;
     } catch (const Error&) {
       return false;
@@ -103,7 +109,7 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
     auto sent = comm_->send(&token, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
     std::uint8_t ack = 0;
     auto acked = comm_->recv(&ack, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
-    TORCH_CHECK(passed(sent) && passed(acked), "[Rank ", getRank(),
+    TORCH_CHECK(passed(sent, timeout) && passed(acked, timeout), "[Rank ", getRank(),
                 "]: rank 0 did not complete monitoredBarrier within ", timeout.count(), " ms");
     return;
   }
@@ -114,7 +120,14 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
   }
   std::vector<int> missing;
   for (int r = 1; r < getSize(); ++r) {
-    if (passed(arrivals[r])) continue;
+    // Reporting the first missing rank, rank 0 shares one deadline among them
+    // and, once it is spent, reports itself (as Gloo words it); reporting all
+    // of them, each rank gets the whole timeout.
+    const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - start);
+    TORCH_CHECK(wait_all_ranks || left.count() > 0, "Rank 0 timed out in monitoredBarrier after ", timeout.count(),
+                " ms");
+    if (passed(arrivals[r], wait_all_ranks ? timeout : left)) continue;
     missing.push_back(r);
     TORCH_CHECK(wait_all_ranks, "[Rank 0]: Rank ", r, " failed to pass monitoredBarrier in ", timeout.count(), " ms");
   }

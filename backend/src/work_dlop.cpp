@@ -19,6 +19,10 @@ std::exception_ptr to_torch_error(std::exception_ptr error) {
       if (e.code() == Errc::kInvalidArgument) {
         C10_THROW_ERROR(ValueError, e.what());
       }
+      if (e.code() == Errc::kTimeout) {
+        // Callers written for Gloo match " Timed out " in the message.
+        C10_THROW_ERROR(DistBackendError, fmt::format("dlop: Timed out ({})", e.what()));
+      }
       C10_THROW_ERROR(DistBackendError, e.what());
     } catch (...) {
       return std::current_exception();
@@ -33,21 +37,26 @@ std::exception_ptr to_torch_error(std::exception_ptr error) {
   return error;
 }
 
-CompletionQueue::CompletionQueue() : thread_([this] { run(); }) {}
+CompletionQueue::CompletionQueue() {
+  std::lock_guard lock(mutex_);
+  threads_.emplace_back([this] { run(); });
+}
 
 CompletionQueue::~CompletionQueue() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
   }
-  wake_.notify_one();
-  thread_.join();
+  wake_.notify_all();
+  // No push can come any more (pushers hold the queue alive), so threads_ is stable.
+  for (auto& thread : threads_) thread.join();
 }
 
 void CompletionQueue::push(c10::intrusive_ptr<WorkDlop> work) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(work));
+    if (queue_.size() > idle_ && threads_.size() < kMaxThreads) threads_.emplace_back([this] { run(); });
   }
   wake_.notify_one();
 }
@@ -56,7 +65,9 @@ void CompletionQueue::run() {
   pthread_setname_np(pthread_self(), "dlop-complete");
   std::unique_lock lock(mutex_);
   for (;;) {
+    ++idle_;
     wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
     if (queue_.empty()) return;  // stop_ and drained
     auto work = std::move(queue_.front());
     queue_.pop_front();

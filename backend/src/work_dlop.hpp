@@ -26,6 +26,10 @@ namespace dlop::backend {
 
 class WorkDlop;
 
+// A future callback may itself wait on another collective's future (PowerSGD's
+// hook does), and that future is completed by this queue too: a thread is
+// added whenever queued Works outnumber the idle threads, so a callback that
+// blocks never holds up the completion it waits for.
 class CompletionQueue {
  public:
   CompletionQueue();
@@ -35,12 +39,14 @@ class CompletionQueue {
   void push(c10::intrusive_ptr<WorkDlop> work);
 
  private:
+  static constexpr size_t kMaxThreads = 64;  // nesting deeper than this waits
   void run();
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<c10::intrusive_ptr<WorkDlop>> queue_;
   bool stop_ = false;
-  std::thread thread_;
+  size_t idle_ = 0;  // threads waiting for work
+  std::vector<std::thread> threads_;
 };
 
 class WorkDlop : public c10d::Work {

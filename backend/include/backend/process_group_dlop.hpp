@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -81,6 +82,13 @@ class ProcessGroupDlop : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each group in torch's
+  // ProcessGroupWrapper, which compares this number across the ranks before
+  // every collective: the count of collectives (not p2p) issued so far. Every
+  // rank starts at 0, as Gloo's do.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return collectives_issued_.load(); }
+
   sched::Communicator& communicator() { return *comm_; }
 
  private:
@@ -98,6 +106,7 @@ class ProcessGroupDlop : public c10d::Backend {
   std::shared_ptr<transport::Bootstrap> engine_bootstrap_;
   std::shared_ptr<sched::Communicator> comm_;
   std::shared_ptr<CompletionQueue> completions_;
+  std::atomic<uint64_t> collectives_issued_{0};
   std::chrono::milliseconds timeout_;
   std::string group_name_;
 };

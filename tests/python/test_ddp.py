@@ -77,7 +77,9 @@ def _train(case: str, rank: int, group) -> dict[str, torch.Tensor]:
         # backward pass issues the next buckets' all-reduces: with several
         # buckets the order in which a rank issues them is a race, and any
         # backend that matches collectives by order (Gloo's tags, dlop's
-        # sequence) can pair different ones. One bucket keeps it deterministic.
+        # sequence) can pair different ones: Gloo itself aborts here with
+        # "Received data size doesn't match expected size" when the buckets
+        # are small. One bucket keeps it deterministic.
         bucket_cap_mb=25 if case == "powersgd" else BUCKET_CAP_MB,
         find_unused_parameters=case == "find_unused",
     )

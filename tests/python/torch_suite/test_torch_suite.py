@@ -13,6 +13,7 @@ kills the ranks of a hung test, and the subprocess has a limit of its own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -62,6 +63,8 @@ SUBSET_AS_GLOO = [
 
 
 def _run_suite(backend: str, out: Path, names: list[str] | None, limit_s: int) -> dict[str, dict]:
+    # torch's test harness imports expecttest, which torch does not install.
+    assert importlib.util.find_spec("expecttest"), "torch's distributed tests need `expecttest` (requirements-dev.txt)"
     selection = ["--all"] if names is None else ["--tests", ",".join(names)]
     command = [sys.executable, "-m", "torch_suite.run_suite", "--backend", backend, "--world-size", str(WORLD_SIZE)]
     command += ["--timeout", str(PER_TEST_S), "--out", str(out), *selection]

@@ -4,6 +4,7 @@
 // is reported as kPeerDead; a vanished client costs others nothing.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -218,6 +219,34 @@ TEST_F(OffloadClientTest, VanishedClientCostsOthersNothing) {
   keeper.produce(1, 1, 0, idx, buf.bytes.data(), layout.batch_bytes);
   expect_batch_equals_local(buf, layout, ImageFolder(folder()), idx, 0, 1, wait_one(keeper));
   EXPECT_TRUE(d.running());
+}
+
+// A batch of tens of MiB (UCX's rendezvous path, in pieces over TCP) lands
+// whole; the daemon's send stage reports its bandwidth.
+TEST_F(OffloadClientTest, LargeBatchArrivesWhole) {
+  const char* big_spec = R"({"ops": [{"op": "random_resized_crop", "size": 224}]})";
+  DaemonProcess d(2);
+  OffloadClient client("127.0.0.1", d.port(), test::kToken, {.timeout = 60s});
+  const BatchLayout& layout = client.configure({folder(), big_spec, 3, 64});
+  EXPECT_GT(layout.batch_bytes, 36u << 20);
+  std::vector<std::uint64_t> idx(64);
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = (i * 7) % 18;
+  Buffer buf(layout.batch_bytes);
+  client.produce(1, 2, 0, idx, buf.bytes.data(), layout.batch_bytes);
+  const auto c = client.wait(60s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->status, Completion::Status::kReady) << c->error;
+  const Pipeline p = Pipeline::from_json(big_spec);
+  std::vector<std::byte> images(idx.size() * layout.sample_bytes);
+  std::vector<std::int64_t> labels(idx.size());
+  p.run_batch(ImageFolder(folder()), idx, 3, 2, images, labels);
+  EXPECT_EQ(std::memcmp(buf.bytes.data(), images.data(), images.size()), 0);
+  EXPECT_EQ(std::memcmp(buf.bytes.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
+  const auto stats = client.stats();
+  const auto& send = stats.stages[2];
+  EXPECT_EQ(send.bytes, c->bytes);
+  std::printf("send stage: %.1f MiB in %.1f ms (%.2f GB/s); transform %.1f ms\n", send.bytes / 1048576.0,
+              send.seconds * 1e3, send.bytes / send.seconds * 1e-9, stats.stages[1].seconds * 1e3);
 }
 
 TEST_F(OffloadClientTest, KilledDaemonIsPeerDead) {

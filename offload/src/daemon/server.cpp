@@ -37,9 +37,10 @@ Server::~Server() {
   // callbacks give the buffers back while the executor still exists.
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   while (open_leases() > 0 && Clock::now() < deadline) {
-    sender_.progress();
+    sender_->progress();
     conns_.clear();
   }
+  sender_.reset();
   executor_.reset();
 }
 
@@ -65,7 +66,7 @@ void Server::run(int stop_fd) {
   std::vector<pollfd> fds;
   std::vector<Conn*> polled;
   while (true) {
-    while (sender_.progress()) {
+    while (sender_->progress()) {
     }
     drain_wake_fd();
     on_results();
@@ -77,8 +78,8 @@ void Server::run(int stop_fd) {
     fds.push_back({stop_fd, POLLIN, 0});
     fds.push_back({wake_.get(), POLLIN, 0});
     fds.push_back({listener_.get(), POLLIN, 0});
-    const bool armed = sender_.event_fd() < 0 || sender_.arm();
-    fds.push_back({sender_.event_fd(), POLLIN, 0});
+    const bool armed = sender_->event_fd() < 0 || sender_->arm();
+    fds.push_back({sender_->event_fd(), POLLIN, 0});
     for (auto& [id, c] : conns_) {
       short events = POLLIN;
       if (c->out_sent < c->out.size()) events |= POLLOUT;
@@ -206,7 +207,7 @@ void Server::close_conn(Conn& c, const std::string& reason, bool warn) {
   c.fd.reset();
   executor_->drop_connection(c.id);
   // Its sends fail now; their callbacks return the buffers (on_sent).
-  if (c.endpoint != 0) sender_.disconnect(c.endpoint);
+  if (c.endpoint != 0) sender_->disconnect(c.endpoint);
   c.leases.clear();
 }
 

@@ -106,7 +106,9 @@ class Server {
   std::uint16_t port_ = 0;
   net::UniqueFd wake_;  // eventfd the executor writes when results are ready
   DaemonStats stats_;
-  UcxSender sender_;
+  // Owned by pointer so that ~Server can destroy it (running its last send
+  // callbacks) while the executor and the connection map still exist.
+  std::unique_ptr<UcxSender> sender_ = std::make_unique<UcxSender>();
   std::unique_ptr<Executor> executor_;
   std::map<std::uint64_t, std::unique_ptr<Conn>> conns_;
   std::uint64_t next_conn_ = 1;

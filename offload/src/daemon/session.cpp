@@ -96,7 +96,7 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     std::shared_ptr<const Source> source = open_source_cached(m.source);
     layout.dataset_size = source->size();
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
-    const std::uint64_t endpoint = sender_.connect(m.worker_address, c.peer);
+    const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer);
     c.endpoint = endpoint;
     c.dataset = std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), m.seed, m.batch_size, layout});
     log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}", c.id, m.source,
@@ -172,7 +172,7 @@ void Server::on_results() {
     auto staging = std::make_shared<Staging>(std::move(r.staging));
     const std::byte* data = staging->data.get();
     ++sends_in_flight_;
-    sender_.send(c->endpoint, data, r.bytes, r.job.lease,
+    sender_->send(c->endpoint, data, r.bytes, r.job.lease,
                  [this, staging, conn = c->id, lease = r.job.lease, ready = std::move(r.ready),
                   start = Clock::now()](ucs_status_t status) mutable {
                    --sends_in_flight_;

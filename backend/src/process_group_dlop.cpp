@@ -109,8 +109,11 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
     auto sent = comm_->send(&token, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
     std::uint8_t ack = 0;
     auto acked = comm_->recv(&ack, 1, coll::DataType::kUInt8, 0, kMonitoredBarrierTag, options);
-    TORCH_CHECK(passed(sent, timeout) && passed(acked, timeout), "[Rank ", getRank(),
-                "]: rank 0 did not complete monitoredBarrier within ", timeout.count(), " ms");
+    // Worded as Gloo's, which scripts and torch's tests match.
+    TORCH_CHECK(passed(sent, timeout) && passed(acked, timeout), "[Rank ", getRank(), "]: Rank ", getRank(),
+                " successfully reached monitoredBarrier, but received errors while waiting for send/recv from rank 0"
+                " (it did not release the barrier within ",
+                timeout.count(), " ms)");
     return;
   }
   std::vector<std::uint8_t> tokens(static_cast<std::size_t>(getSize()));

@@ -66,9 +66,9 @@ void run_checked(Communicator& comm, int operations, std::size_t depth) {
 TEST(ShmEngine, WorldAndSplitCommunicatorsGiveExactResultsWithManyInFlight) {
   test::run_ranks(3, [](transport::Bootstrap& b) {
     auto world = Communicator::create(b);
-    run_checked(*world, 700, 16);
+    run_checked(*world, 400, 16);
     auto pair = world->split(world->rank() == 1 ? -1 : 0, world->rank());  // ranks 0 and 2
-    if (pair) run_checked(*pair, 700, 16);
+    if (pair) run_checked(*pair, 400, 16);
     run_checked(*world, 70, 1);  // blocking, one after another
   });
 }

@@ -39,8 +39,9 @@ inline constexpr const char* kToken = "0123456789abcdef-test-token";
 // A daemon on 127.0.0.1 with a fresh token file; killed with the object.
 class DaemonProcess {
  public:
-  explicit DaemonProcess(int threads = 2, std::vector<std::string> extra = {},
-                         std::vector<std::string> env = {}) {
+  // `prefix` runs the daemon through another command (e.g. `ip netns exec NS`).
+  explicit DaemonProcess(int threads = 2, std::vector<std::string> extra = {}, std::vector<std::string> env = {},
+                         const std::string& listen = "127.0.0.1:0", std::vector<std::string> prefix = {}) {
     token_file_ = dir_.path() / "token";
     {
       std::ofstream(token_file_) << kToken << "\n";
@@ -48,8 +49,11 @@ class DaemonProcess {
     ::chmod(token_file_.c_str(), 0600);
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    std::vector<std::string> args = {DLOP_OFFLOADER_PATH, "--listen", "127.0.0.1:0", "--token-file",
-                                     token_file_.string(), "--threads", std::to_string(threads)};
+    std::vector<std::string> args = std::move(prefix);
+    for (std::string a : {std::string(DLOP_OFFLOADER_PATH), std::string("--listen"), listen, std::string("--token-file"),
+                          token_file_.string(), std::string("--threads"), std::to_string(threads)}) {
+      args.push_back(std::move(a));
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = ::fork();
     if (pid_ == 0) {

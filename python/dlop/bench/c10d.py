@@ -40,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 4K, 1M ...)")
     p.add_argument("-e", "--maxbytes", default="256M", help="largest size")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplication factor")
+    p.add_argument("--sizes", help="comma-separated sizes (8,64M), instead of -b/-e/-f")
     p.add_argument("--ops", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     p.add_argument("-d", "--dtype", default="float", choices=sorted(DTYPES))
     p.add_argument("--impls", default=",".join(IMPLS), help="dlop, gloo or both")
@@ -173,7 +174,10 @@ def main(argv=None) -> int:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo")
     groups = {impl: (None if impl == "dlop" else control) for impl in IMPLS if impl in args.impls}
-    sizes = _common.size_range(_common.parse_size(args.minbytes), _common.parse_size(args.maxbytes), args.stepfactor)
+    if args.sizes:
+        sizes = [_common.parse_size(size) for size in args.sizes.split(",")]
+    else:
+        sizes = _common.size_range(_common.parse_size(args.minbytes), _common.parse_size(args.maxbytes), args.stepfactor)
     header = _common.run_header(benchmark="c10d", ranks=ranks, dtype=args.dtype, repetitions=args.repetitions,
                                 rotate_bytes=ROTATE_UP_TO, impls=list(groups), ops=args.ops)
     if rank == 0:

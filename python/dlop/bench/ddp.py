@@ -57,15 +57,16 @@ def parse_args(argv=None):
     return args
 
 
-def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int) -> float:
-    """Runs `steps` SGD steps on one fixed batch; returns the seconds they took."""
+def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int) -> tuple[float, float]:
+    """Runs `steps` SGD steps on one fixed batch; returns (wall seconds, CPU seconds of this process: every
+    thread, the backend's communication threads included)."""
     loss_fn = nn.CrossEntropyLoss()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model(inputs), labels).backward()
         optimizer.step()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def params_in_sync(model: nn.Module, control) -> bool:
@@ -94,20 +95,26 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
         modes[SINGLE] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     order = list(args.backends) + ([] if args.no_single else [SINGLE])
     seconds = {mode: [] for mode in order}
+    cpu_seconds = {mode: [] for mode in order}
     gc.disable()
     for _ in range(args.repetitions):
         for mode in order:
             dist.barrier(group=control)
             if mode == SINGLE and rank != 0:
                 seconds[mode].append(0.0)  # wait at the next barrier (Gloo blocks, it does not spin)
+                cpu_seconds[mode].append(0.0)
                 continue
             model, optimizer = modes[mode]
             train_steps(model, optimizer, inputs, labels, args.warmup)
-            seconds[mode].append(train_steps(model, optimizer, inputs, labels, args.steps))
+            wall, cpu = train_steps(model, optimizer, inputs, labels, args.steps)
+            seconds[mode].append(wall)
+            cpu_seconds[mode].append(cpu)
     gc.enable()
     dist.barrier(group=control)
     slowest = torch.tensor([seconds[mode] for mode in order], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)
+    cpu = torch.tensor([cpu_seconds[mode] for mode in order], dtype=torch.float64)
+    dist.all_reduce(cpu, group=control)  # summed over ranks
     synced = {backend: params_in_sync(modes[backend][0].module, control) for backend in args.backends}
     rows, single = [], None
     for i, mode in enumerate(order):
@@ -118,18 +125,20 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
         rows.append({"model": name, "backend": mode, "ranks": workers, "samples_per_s": rate,
                      "batch_per_rank": batch, "steps": args.steps, "repetitions": args.repetitions,
                      "step_ms": 1e3 * workers * batch / rate, "gradient_mib": gradient_bytes(base) / 2**20,
+                     "cpu_ms_per_step": 1e3 * _common.median(cpu[i].tolist()) / workers / args.steps,
                      "params_in_sync": synced.get(mode, True)})
     for row in rows:
         row["linearity"] = row["samples_per_s"] / single / row["ranks"] if single else None
     return rows
 
 
-_LINE = "{:>12} {:>8} {:>5} {:>8} {:>10} {:>10} {:>9} {:>10} {:>8}"
+_LINE = "{:>12} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>9} {:>10} {:>8}"
 
 
 def print_columns() -> None:
-    print(_LINE.format("# model", "backend", "ranks", "grad", "samples/s", "step", "linearity", "vs gloo", "in sync"))
-    print(_LINE.format("#", "", "", "(MiB)", "", "(ms)", "", "", ""), flush=True)
+    print(_LINE.format("# model", "backend", "ranks", "grad", "samples/s", "step", "cpu/rank", "linearity", "vs gloo",
+                       "in sync"))
+    print(_LINE.format("#", "", "", "(MiB)", "", "(ms)", "(ms/step)", "", "", ""), flush=True)
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -139,7 +148,7 @@ def print_rows(rows: list[dict]) -> None:
         ratio = f"{r['samples_per_s'] / gloo[r['model']]:.2f}" if r["model"] in gloo and r["backend"] != SINGLE else "-"
         linearity = f"{r['linearity']:.3f}" if r["linearity"] is not None else "-"
         print(line.format(r["model"], r["backend"], r["ranks"], f"{r['gradient_mib']:.1f}", f"{r['samples_per_s']:.1f}",
-                          f"{r['step_ms']:.1f}", linearity, ratio, "yes" if r["params_in_sync"] else "NO"), flush=True)
+                          f"{r['step_ms']:.1f}", f"{r['cpu_ms_per_step']:.1f}", linearity, ratio, "yes" if r["params_in_sync"] else "NO"), flush=True)
 
 
 def worker(args, threads: int) -> None:
@@ -157,7 +166,8 @@ def worker(args, threads: int) -> None:
               f"{args.repetitions} repetitions of {args.warmup} untimed + {args.steps} timed steps, modes alternating; "
               f"resnet18 from {header['resnet18']}")
         print("# samples/s = ranks x batch x steps / the slowest rank's time, median of repetitions; "
-              "linearity = N-rank / 1-rank samples/s / N (1-rank: the model alone, same threads, no DDP)")
+              "linearity = N-rank / 1-rank samples/s / N (1-rank: the model alone, same threads, no DDP); "
+              "cpu/rank: CPU time of each rank's process (all its threads) per step")
         print_columns()
     rows = []
     for name in args.models:

@@ -1,5 +1,23 @@
 """dlop.data: offloaded data loading.
 
-So far: the built-in synthetic dataset (``dlop.data.make_dataset``). The
-native pipeline itself is in ``dlop._C.offload``.
+``OffloadLoader`` yields batches made by ``dlop-offloader`` daemons (or, with
+one warning, by local worker processes running the same native pipeline);
+``offload(loader)`` maps a DataLoader over a torchvision ImageFolder with
+standard transforms onto it; ``make_dataset`` generates the built-in synthetic dataset. The native
+pipeline itself is in ``dlop._C.offload``.
 """
+
+__all__ = ["OffloadLoader", "offload"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: `python -m dlop.data.make_dataset` needs neither torch nor the extension.
+    if name == "OffloadLoader":
+        from dlop.data.offload_loader import OffloadLoader
+
+        return OffloadLoader
+    if name == "offload":
+        from dlop.data.wrap import offload
+
+        return offload
+    raise AttributeError(f"module 'dlop.data' has no attribute {name!r}")

@@ -1,0 +1,133 @@
+// dlop._C.offload.EpochPlan and LeaseManager: the trainer side of offloading
+// for dlop.data.OffloadLoader. A yielded batch is handed out as numpy arrays
+// that view the manager's pool buffer (no copy); Python releases the slot
+// when the consumer moves on, and the arrays keep the manager alive.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "bindings.hpp"
+#include "offload/lease_manager.hpp"
+
+namespace py = pybind11;
+
+namespace dlop::python {
+namespace {
+
+using namespace dlop::offload;
+
+py::dict cursor_dict(const Cursor& c) {
+  py::dict d;
+  d["epoch"] = c.epoch;
+  d["position"] = c.position;
+  d["seed"] = c.seed;
+  d["dataset_size"] = c.dataset_size;
+  d["batch_size"] = c.batch_size;
+  d["rank"] = c.rank;
+  d["world"] = c.world;
+  d["shuffle"] = c.shuffle;
+  d["drop_last"] = c.drop_last;
+  return d;
+}
+
+Cursor dict_cursor(const py::dict& d) {
+  Cursor c;
+  c.epoch = d["epoch"].cast<std::uint64_t>();
+  c.position = d["position"].cast<std::uint64_t>();
+  c.seed = d["seed"].cast<std::uint64_t>();
+  c.dataset_size = d["dataset_size"].cast<std::uint64_t>();
+  c.batch_size = d["batch_size"].cast<std::uint32_t>();
+  c.rank = d["rank"].cast<std::uint32_t>();
+  c.world = d["world"].cast<std::uint32_t>();
+  c.shuffle = d["shuffle"].cast<bool>();
+  c.drop_last = d["drop_last"].cast<bool>();
+  return c;
+}
+
+// (position, images, labels, slot, skipped): images and labels view the slot.
+py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
+  const BatchLayout& l = m->layout();
+  // The capsule holds a reference to the manager so the buffer outlives it.
+  auto* keep = new std::shared_ptr<LeaseManager>(m);
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<LeaseManager>*>(p); });
+  const std::vector<py::ssize_t> dims{static_cast<py::ssize_t>(b.count), static_cast<py::ssize_t>(l.channels),
+                                      static_cast<py::ssize_t>(l.height), static_cast<py::ssize_t>(l.width)};
+  py::array images = l.dtype == protocol::Dtype::kUint8
+                         ? py::array(py::array_t<std::uint8_t>(dims, reinterpret_cast<std::uint8_t*>(b.images), base))
+                         : py::array(py::array_t<float>(dims, reinterpret_cast<float*>(b.images), base));
+  py::array_t<std::int64_t> labels({static_cast<py::ssize_t>(b.count)}, b.labels, base);
+  return py::make_tuple(b.position, images, labels, b.slot, b.skipped);
+}
+
+}  // namespace
+
+void bind_offload_loader(py::module_& root) {
+  // bind_offload made the submodule; these classes join it.
+  py::module_ m = root.attr("offload").cast<py::module_>();
+
+  py::class_<EpochPlan>(m, "EpochPlan", "which samples make which batch of one rank in one epoch")
+      .def(py::init([](std::uint64_t dataset_size, std::uint32_t batch_size, std::uint64_t seed, bool shuffle,
+                       bool drop_last, std::uint32_t rank, std::uint32_t world) {
+             return EpochPlan{dataset_size, batch_size, seed, shuffle, drop_last, rank, world};
+           }),
+           py::arg("dataset_size"), py::arg("batch_size"), py::arg("seed") = 0, py::arg("shuffle") = true,
+           py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1)
+      .def("order", &EpochPlan::order, py::arg("epoch"))
+      .def("batches", &EpochPlan::batches, py::arg("epoch"))
+      .def("batch_count", &EpochPlan::batch_count);
+
+  py::class_<LeaseManager, std::shared_ptr<LeaseManager>>(m, "LeaseManager",
+                                                          "leases this rank's batches to dlop-offloaders")
+      .def(py::init([](const std::string& source, const std::string& transform, std::uint64_t seed,
+                       std::uint32_t batch_size, const std::string& token, bool shuffle, bool drop_last,
+                       std::uint32_t rank, std::uint32_t world, std::size_t prefetch, std::size_t per_daemon,
+                       double lease_timeout, double no_daemon_timeout, double connect_timeout) {
+             LeaseOptions o;
+             o.config = {source, transform, seed, batch_size};
+             o.token = token;
+             o.shuffle = shuffle;
+             o.drop_last = drop_last;
+             o.rank = rank;
+             o.world = world;
+             o.prefetch = prefetch;
+             o.per_daemon = per_daemon;
+             const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); };
+             o.lease_timeout = ms(lease_timeout);
+             o.no_daemon_timeout = ms(no_daemon_timeout);
+             o.connect_timeout = ms(connect_timeout);
+             return std::make_shared<LeaseManager>(std::move(o));
+           }),
+           py::arg("source"), py::arg("transform"), py::arg("seed"), py::arg("batch_size"), py::arg("token"),
+           py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
+           py::arg("prefetch") = 4, py::arg("per_daemon") = 2, py::arg("lease_timeout") = 30.0,
+           py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0)
+      .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("live_daemons", &LeaseManager::live_daemons)
+      .def("set_epoch", &LeaseManager::set_epoch, py::arg("epoch"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "next",
+          [](const std::shared_ptr<LeaseManager>& self) -> py::object {
+            std::optional<Batch> b;
+            {
+              py::gil_scoped_release release;
+              b = self->next();
+            }
+            if (!b) return py::none();
+            return batch_tuple(self, *b);
+          },
+          "-> (position, images, labels, slot, skipped) viewing a pool buffer until release(slot), or None")
+      .def("release", &LeaseManager::release, py::arg("slot"))
+      .def("state", [](const LeaseManager& self) { return cursor_dict(self.state()); })
+      .def(
+          "restore", [](LeaseManager& self, const py::dict& d) { self.restore(dict_cursor(d)); }, py::arg("cursor"))
+      .def("batch_count", &LeaseManager::batch_count)
+      .def_property_readonly("dataset_size", [](const LeaseManager& self) { return self.layout().dataset_size; })
+      .def("leases_issued", &LeaseManager::leases_issued)
+      .def("leases_reissued", &LeaseManager::leases_reissued)
+      .def("completed_per_daemon", &LeaseManager::completed_per_daemon);
+}
+
+}  // namespace dlop::python

@@ -1,0 +1,141 @@
+// The trainer's side of offloading, for one trainer rank and one epoch at a
+// time: which batches this rank gets (a pure function of seed and epoch),
+// leasing them to the connected dlop-offloaders, reissuing what a dead or
+// slow daemon held, and yielding every batch exactly once, in order, from a
+// bounded pool of buffers.
+//
+// Driven by one thread (the consumer's): next() does the leasing and the
+// polling, so there is no background thread to race with the caller's
+// add_daemon(), restore() or release().
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "offload/offload_client.hpp"
+
+namespace dlop::offload {
+
+// Which samples make which batch of one rank in one epoch. DistributedSampler's
+// rules: the epoch's order (a seeded shuffle of 0..N-1, or 0..N-1) is cut to a
+// multiple of `world` when drop_last, else padded with its own first samples
+// up to one; rank r takes positions r, r+world, ... Its samples are then cut
+// into batches; with drop_last the last incomplete batch is dropped too (the
+// DataLoader's drop_last). Every rank therefore gets the same batch count, so
+// DDP's collectives never wait for a rank that ran out.
+struct EpochPlan {
+  std::uint64_t dataset_size = 0;
+  std::uint32_t batch_size = 1;
+  std::uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = false;
+  std::uint32_t rank = 0;
+  std::uint32_t world = 1;
+
+  // The whole epoch's order before sharding (a Fisher-Yates shuffle drawn
+  // from SampleRng keyed by seed and epoch only).
+  std::vector<std::uint64_t> order(std::uint64_t epoch) const;
+  // This rank's batches, each a list of sample indices.
+  std::vector<std::vector<std::uint64_t>> batches(std::uint64_t epoch) const;
+  std::size_t batch_count() const;
+};
+
+// Where an epoch stands: enough to resume it elsewhere with the same
+// following batches. `position` is the next batch to be yielded; the rest is
+// checked on restore so a cursor is never applied to another plan.
+struct Cursor {
+  std::uint64_t epoch = 0;
+  std::uint64_t position = 0;
+  std::uint64_t seed = 0;
+  std::uint64_t dataset_size = 0;
+  std::uint32_t batch_size = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t world = 1;
+  bool shuffle = true;
+  bool drop_last = false;
+  bool operator==(const Cursor&) const = default;
+};
+
+struct LeaseOptions {
+  OffloadConfig config;  // source, transform, seed, batch_size: sent to every daemon
+  std::string token;
+  bool shuffle = true;
+  bool drop_last = false;
+  std::uint32_t rank = 0;
+  std::uint32_t world = 1;
+  // Batches leased ahead of the consumer (the window past the next one to yield).
+  std::size_t prefetch = 4;
+  // Leases one daemon holds at once; a daemon gets its next one as soon as it
+  // completes one, so a faster daemon makes more of the epoch.
+  std::size_t per_daemon = 2;
+  // A lease this old is canceled and given to another daemon: a daemon that
+  // hangs without closing its socket must not stall the epoch forever.
+  std::chrono::milliseconds lease_timeout{30'000};
+  // With no daemon left, next() waits this long for add_daemon() and then
+  // throws kPeerDead (the caller's cue to fall back to local work).
+  std::chrono::milliseconds no_daemon_timeout{10'000};
+  // Connecting and configuring one daemon gives up after this.
+  std::chrono::milliseconds connect_timeout{10'000};
+};
+
+// A yielded batch: `count` samples (fewer than the plan's when the skip
+// policy left some out) in a pool buffer the caller holds until release().
+struct Batch {
+  std::uint64_t position = 0;  // the batch id: its index in this rank's epoch
+  std::uint32_t count = 0;
+  std::size_t slot = 0;  // the pool buffer, for release()
+  std::byte* images = nullptr;
+  std::int64_t* labels = nullptr;
+  std::vector<std::uint64_t> indices;  // the samples asked for
+  std::vector<std::uint64_t> skipped;  // those left out under the skip policy
+};
+
+class LeaseManager {
+ public:
+  explicit LeaseManager(LeaseOptions options);
+  ~LeaseManager();
+  LeaseManager(const LeaseManager&) = delete;
+  LeaseManager& operator=(const LeaseManager&) = delete;
+
+  // Connects, authenticates and configures a daemon; it gets work on the next
+  // next(). Throws what OffloadClient throws, and kInvalidArgument when its
+  // layout differs from the other daemons'. Any time, also mid-epoch.
+  void add_daemon(const std::string& host, std::uint16_t port);
+  std::size_t live_daemons() const;
+
+  // Starts `epoch` from its first batch; leases of the previous one are canceled.
+  void set_epoch(std::uint64_t epoch);
+  // The next batch in order, or nullopt at the end of the epoch. Throws
+  // kPeerDead when no daemon answered for no_daemon_timeout, and the daemon's
+  // error when a batch failed under the raise policy.
+  std::optional<Batch> next();
+  // Gives a yielded batch's buffer back to the pool.
+  void release(std::size_t slot);
+
+  Cursor state() const;
+  // Resumes the cursor's epoch at its position (kInvalidArgument if its plan
+  // differs from this manager's).
+  void restore(const Cursor& cursor);
+
+  // Needs a configured daemon (the dataset size and layout come from it).
+  const BatchLayout& layout() const;
+  const EpochPlan& plan() const;
+  std::size_t batch_count() const;
+  // Leases given out and reissued so far (for tests and stats).
+  std::uint64_t leases_issued() const;
+  std::uint64_t leases_reissued() const;
+  // Batches each daemon completed (by add_daemon order), dead ones included.
+  std::vector<std::uint64_t> completed_per_daemon() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlop::offload

@@ -1,0 +1,390 @@
+// LeaseManager: a window of `prefetch` batches past the consumer is leased to
+// the daemons, each daemon holding at most per_daemon leases (so work is
+// pulled by whoever frees up first). Batch ids are positions in this rank's
+// epoch: whichever lease of a position completes first fills it, any later
+// one is a duplicate and its buffer goes straight back to the pool.
+#include "offload/lease_manager.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dlop::offload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kAlign = 4096;
+
+enum class PosState { kPending, kLeased, kFilled, kYielded };
+
+struct Position {
+  PosState state = PosState::kPending;
+  std::uint64_t lease = 0;  // the current lease while kLeased
+  std::size_t slot = 0;     // kFilled / kYielded
+  Completion done;
+};
+
+struct Daemon {
+  std::unique_ptr<OffloadClient> client;
+  bool dead = false;
+  std::uint64_t completed = 0;
+};
+
+struct Lease {
+  std::size_t daemon;
+  std::uint64_t generation;  // set_epoch/restore start a new one; older leases are orphans
+  std::uint64_t position;
+  std::size_t slot;
+  Clock::time_point issued;
+};
+
+}  // namespace
+
+struct LeaseManager::Impl {
+  LeaseOptions opt;
+  std::optional<BatchLayout> layout;
+  EpochPlan plan;
+  std::vector<Daemon> daemons;
+  std::vector<std::byte*> slots;  // the pool, allocated once the layout is known
+  std::vector<bool> slot_free;
+  std::map<std::uint64_t, Lease> leases;
+  std::uint64_t epoch = 0, generation = 0, next = 0, next_lease = 1;
+  std::uint64_t issued = 0, reissued = 0;
+  std::vector<std::vector<std::uint64_t>> batches;  // of the current epoch, built once the plan is known
+  std::vector<Position> positions;
+  bool built = false;
+
+  ~Impl() {
+    daemons.clear();  // each client waits until no buffer of ours can be written
+    for (auto* p : slots) {
+      ::munlock(p, layout->batch_bytes);
+      std::free(p);
+    }
+  }
+
+  void allocate_pool() {
+    const std::size_t bytes = (layout->batch_bytes + kAlign - 1) / kAlign * kAlign;
+    // The consumer holds up to two yielded batches (the one it works on and
+    // the one it just asked for) besides the window.
+    for (std::size_t i = 0; i < opt.prefetch + 2; ++i) {
+      auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
+      if (p == nullptr) throw_error(Errc::kSystem, "LeaseManager: cannot allocate the buffer pool");
+      // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
+      if (::mlock(p, bytes) != 0) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
+      slots.push_back(p);
+      slot_free.push_back(true);
+    }
+  }
+
+  void build() {
+    if (built || !layout) return;
+    batches = plan.batches(epoch);
+    positions.assign(batches.size(), Position{});
+    for (std::uint64_t i = 0; i < std::min<std::uint64_t>(next, positions.size()); ++i) {
+      positions[i].state = PosState::kYielded;
+    }
+    built = true;
+  }
+
+  // Drops the current epoch's progress: leases become orphans (canceled; their
+  // buffers come back with their completions), filled batches free their buffers.
+  void reset(std::uint64_t new_epoch, std::uint64_t position) {
+    for (auto& [id, l] : leases) {
+      if (l.generation != generation) continue;
+      auto& d = daemons[l.daemon];
+      if (d.dead) continue;
+      try {
+        d.client->cancel(id);
+      } catch (const Error& e) {
+        if (e.code() != Errc::kPeerDead) throw;
+        on_dead(l.daemon);
+        return reset(new_epoch, position);
+      }
+    }
+    for (auto& p : positions) {
+      if (p.state == PosState::kFilled) slot_free[p.slot] = true;
+    }
+    ++generation;
+    epoch = new_epoch;
+    next = position;
+    built = false;
+    build();
+  }
+
+  std::optional<std::size_t> free_slot() const {
+    for (std::size_t i = 0; i < slot_free.size(); ++i) {
+      if (slot_free[i]) return i;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::size_t> idle_daemon() const {
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < daemons.size(); ++i) {
+      const auto& d = daemons[i];
+      if (d.dead || d.client->in_flight() >= opt.per_daemon) continue;
+      if (!best || d.client->in_flight() < daemons[*best].client->in_flight()) best = i;
+    }
+    return best;
+  }
+
+  // A dead daemon writes no buffer any more: its leases' buffers are free and
+  // their positions go back to pending, to be leased to someone else.
+  void on_dead(std::size_t d) {
+    daemons[d].dead = true;
+    log().warn("offload: daemon {} is gone; its leases are reissued", daemons[d].client->address());
+    for (auto it = leases.begin(); it != leases.end();) {
+      if (it->second.daemon != d) {
+        ++it;
+        continue;
+      }
+      slot_free[it->second.slot] = true;
+      if (it->second.generation == generation) {
+        auto& p = positions[it->second.position];
+        if (p.state == PosState::kLeased && p.lease == it->first) {
+          p.state = PosState::kPending;
+          ++reissued;
+        }
+      }
+      it = leases.erase(it);
+    }
+  }
+
+  void issue() {
+    const std::uint64_t end = std::min<std::uint64_t>(positions.size(), next + opt.prefetch);
+    for (std::uint64_t pos = next; pos < end; ++pos) {
+      if (positions[pos].state != PosState::kPending) continue;
+      const auto d = idle_daemon();
+      const auto slot = free_slot();
+      if (!d || !slot) return;
+      const std::uint64_t id = next_lease++;
+      try {
+        daemons[*d].client->produce(id, epoch, pos, batches[pos], slots[*slot], layout->batch_bytes);
+      } catch (const Error& e) {
+        if (e.code() != Errc::kPeerDead) throw;
+        on_dead(*d);
+        --pos;  // lease this position to another daemon
+        continue;
+      }
+      slot_free[*slot] = false;
+      leases[id] = Lease{*d, generation, pos, *slot, Clock::now()};
+      positions[pos].state = PosState::kLeased;
+      positions[pos].lease = id;
+      ++issued;
+    }
+  }
+
+  void on_completion(std::size_t d, Completion c) {
+    const auto it = leases.find(c.lease);
+    if (it == leases.end()) return;  // cannot happen: the client reports only our leases
+    const Lease l = it->second;
+    leases.erase(it);
+    if (c.status == Completion::Status::kReady) ++daemons[d].completed;
+    Position* p = l.generation == generation ? &positions[l.position] : nullptr;
+    const bool open = p != nullptr && (p->state == PosState::kLeased || p->state == PosState::kPending);
+    if (c.status == Completion::Status::kReady && open) {
+      if (p->state == PosState::kLeased && p->lease != c.lease) cancel_lease(p->lease);  // an orphan won
+      p->state = PosState::kFilled;
+      p->slot = l.slot;
+      p->done = std::move(c);
+      return;
+    }
+    slot_free[l.slot] = true;  // a duplicate, a cancellation or a failure: the buffer is unused
+    if (c.status == Completion::Status::kFailed && open) {
+      if (c.error_code == protocol::ErrorCode::kSample) {
+        throw_error(Errc::kInvalidArgument, "offload: batch " + std::to_string(l.position) + " failed: " + c.error);
+      }
+      log().warn("offload: daemon {} failed batch {} ({}); reissuing", daemons[d].client->address(), l.position,
+                 c.error);
+      if (p->lease == c.lease) p->state = PosState::kPending;
+      ++reissued;
+    }
+  }
+
+  void cancel_lease(std::uint64_t id) {
+    const auto it = leases.find(id);
+    if (it == leases.end()) return;
+    auto& d = daemons[it->second.daemon];
+    if (d.dead) return;
+    try {
+      d.client->cancel(id);
+    } catch (const Error& e) {
+      if (e.code() != Errc::kPeerDead) throw;
+      on_dead(it->second.daemon);
+    }
+  }
+
+  // A lease past its timeout is canceled and its position leased again; the
+  // old lease keeps its buffer until it completes, and wins if it is first.
+  void expire() {
+    const auto now = Clock::now();
+    std::vector<std::uint64_t> late;
+    for (const auto& [id, l] : leases) {
+      if (l.generation != generation || now - l.issued < opt.lease_timeout) continue;
+      auto& p = positions[l.position];
+      if (p.state == PosState::kLeased && p.lease == id) late.push_back(id);
+    }
+    for (const auto id : late) {
+      const auto pos = leases.at(id).position;
+      log().warn("offload: lease of batch {} timed out on {}; reissuing", pos,
+                 daemons[leases.at(id).daemon].client->address());
+      positions[pos].state = PosState::kPending;
+      ++reissued;
+      cancel_lease(id);
+    }
+  }
+
+  // Reads every completion that arrived; waits briefly on one daemon if none had any.
+  void pump() {
+    bool got = false;
+    std::optional<std::size_t> busy;
+    for (std::size_t i = 0; i < daemons.size(); ++i) {
+      if (daemons[i].dead) continue;
+      try {
+        while (auto c = daemons[i].client->poll()) {
+          on_completion(i, std::move(*c));
+          got = true;
+        }
+        if (!daemons[i].dead && daemons[i].client->in_flight() > 0) busy = i;
+      } catch (const Error& e) {
+        if (e.code() != Errc::kPeerDead) throw;
+        on_dead(i);
+        got = true;
+      }
+    }
+    if (got || !busy) return;
+    try {
+      if (auto c = daemons[*busy].client->wait(std::chrono::milliseconds(2))) on_completion(*busy, std::move(*c));
+    } catch (const Error& e) {
+      if (e.code() != Errc::kPeerDead) throw;
+      on_dead(*busy);
+    }
+  }
+};
+
+LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>()) {
+  auto& o = options;
+  if (o.prefetch == 0 || o.per_daemon == 0 || o.config.batch_size == 0 || o.world == 0 || o.rank >= o.world) {
+    throw_error(Errc::kInvalidArgument, "LeaseManager: need prefetch, per_daemon, batch_size > 0 and rank < world");
+  }
+  impl_->plan = EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world};
+  impl_->opt = std::move(options);
+}
+
+LeaseManager::~LeaseManager() = default;
+
+void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
+  auto& m = *impl_;
+  OffloadClient::Options co;
+  co.name = "dlop rank " + std::to_string(m.opt.rank);
+  co.timeout = m.opt.connect_timeout;
+  auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
+  const BatchLayout& got = client->configure(m.opt.config);
+  if (m.layout) {
+    const auto& l = *m.layout;
+    if (got.dataset_size != l.dataset_size || got.batch_bytes != l.batch_bytes || got.sample_bytes != l.sample_bytes ||
+        got.labels_offset != l.labels_offset) {
+      throw_error(Errc::kInvalidArgument, "offload: daemon " + client->address() +
+                                              " sees another dataset or layout than the other daemons");
+    }
+  } else {
+    m.layout = got;
+    m.plan.dataset_size = got.dataset_size;
+    m.allocate_pool();
+    m.build();
+  }
+  m.daemons.push_back(Daemon{std::move(client), false, 0});
+}
+
+std::size_t LeaseManager::live_daemons() const {
+  return static_cast<std::size_t>(
+      std::count_if(impl_->daemons.begin(), impl_->daemons.end(), [](const Daemon& d) { return !d.dead; }));
+}
+
+void LeaseManager::set_epoch(std::uint64_t epoch) { impl_->reset(epoch, 0); }
+
+std::optional<Batch> LeaseManager::next() {
+  auto& m = *impl_;
+  std::optional<Clock::time_point> alone_since;
+  while (true) {
+    if (m.built && m.next >= m.positions.size()) return std::nullopt;
+    if (m.built && m.positions[m.next].state == PosState::kFilled) {
+      Position& p = m.positions[m.next];
+      p.state = PosState::kYielded;
+      Batch b;
+      b.position = m.next++;
+      b.count = p.done.count;
+      b.slot = p.slot;
+      b.images = m.slots[p.slot];
+      b.labels = reinterpret_cast<std::int64_t*>(m.slots[p.slot] + m.layout->labels_offset);
+      b.indices = m.batches[b.position];
+      for (const auto& s : p.done.skipped) b.skipped.push_back(s.index);
+      return b;
+    }
+    if (live_daemons() == 0) {
+      if (!alone_since) alone_since = Clock::now();
+      if (Clock::now() - *alone_since >= m.opt.no_daemon_timeout) {
+        throw_error(Errc::kPeerDead, "offload: no dlop-offloader left (waited " +
+                                         std::to_string(m.opt.no_daemon_timeout.count()) + " ms)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    alone_since.reset();
+    m.issue();
+    m.pump();
+    m.expire();
+  }
+}
+
+void LeaseManager::release(std::size_t slot) {
+  if (slot >= impl_->slot_free.size() || impl_->slot_free[slot]) {
+    throw_error(Errc::kInvalidArgument, "LeaseManager::release: slot " + std::to_string(slot) + " is not in use");
+  }
+  impl_->slot_free[slot] = true;
+}
+
+Cursor LeaseManager::state() const {
+  const auto& m = *impl_;
+  return Cursor{m.epoch,          m.next,         m.plan.seed, m.plan.dataset_size, m.plan.batch_size,
+                m.plan.rank,      m.plan.world,   m.plan.shuffle, m.plan.drop_last};
+}
+
+void LeaseManager::restore(const Cursor& c) {
+  Cursor mine = state();
+  mine.epoch = c.epoch;
+  mine.position = c.position;
+  // A cursor taken before any daemon answered has no dataset size yet.
+  if (c.dataset_size == 0 || mine.dataset_size == 0) mine.dataset_size = c.dataset_size;
+  if (!(mine == c)) {
+    throw_error(Errc::kInvalidArgument, "LeaseManager::restore: the cursor belongs to another plan "
+                                        "(seed, dataset size, batch size, rank, world, shuffle or drop_last differ)");
+  }
+  impl_->reset(c.epoch, c.position);
+}
+
+const BatchLayout& LeaseManager::layout() const {
+  if (!impl_->layout) throw_error(Errc::kInvalidArgument, "LeaseManager: no daemon configured yet");
+  return *impl_->layout;
+}
+const EpochPlan& LeaseManager::plan() const { return impl_->plan; }
+std::size_t LeaseManager::batch_count() const {
+  layout();
+  return impl_->plan.batch_count();
+}
+std::uint64_t LeaseManager::leases_issued() const { return impl_->issued; }
+std::uint64_t LeaseManager::leases_reissued() const { return impl_->reissued; }
+std::vector<std::uint64_t> LeaseManager::completed_per_daemon() const {
+  std::vector<std::uint64_t> v;
+  for (const auto& d : impl_->daemons) v.push_back(d.completed);
+  return v;
+}
+
+}  // namespace dlop::offload

@@ -1,0 +1,215 @@
+"""OffloadLoader: batches made by dlop-offloader daemons, or locally when none answers.
+
+The batch order is a pure function of (seed, epoch), sharded across the
+trainer ranks (``dlop._C.offload.EpochPlan``: DistributedSampler's rules, one
+``drop_last`` flag for both the sampler and the last incomplete batch), so the
+offloaded path and the local fallback yield the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from dlop import _C
+
+_native = _C.offload
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"offloader address {address!r} is not host:port")
+    return host, int(port)
+
+
+# The fallback's worker processes: each opens the source and the pipeline once.
+_worker_state: dict[str, Any] = {}
+
+
+def _worker_init(source: str, transform: str) -> None:
+    _worker_state["source"] = _native.open_source(source)
+    _worker_state["pipeline"] = _native.Pipeline(transform)
+
+
+def _worker_batch(indices: list[int], seed: int, epoch: int):
+    images, labels, skipped = _worker_state["pipeline"].run_batch(
+        _worker_state["source"], indices, seed=seed, epoch=epoch
+    )
+    return images, labels
+
+
+class OffloadLoader:
+    """Yields ``(images, labels)`` torch tensors for this rank, one epoch per iteration.
+
+    With offloaders the tensors view a pooled (page-locked where allowed)
+    buffer without a copy; it is reused once the next batch is asked for, so
+    keep a batch past that only by cloning it.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike,
+        transform: str | dict,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        offloaders: Sequence[str] = (),
+        token: str | None = None,
+        prefetch: int = 4,
+        drop_last: bool = False,
+        workers: int = 2,
+        lease_timeout: float = 30.0,
+        no_daemon_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.source = os.fspath(source)
+        self.transform = transform if isinstance(transform, str) else json.dumps(transform)
+        _native.Pipeline(self.transform)  # a bad spec fails here, not in a daemon
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.workers = int(workers)
+        self.rank, self.world = _rank_world()
+        self._epoch = 0
+        self._resume: dict | None = None
+        self._position = 0
+        self._manager = None
+        self._dataset_size: int | None = None
+        if token is None:
+            token = os.environ.get("DLOP_OFFLOAD_TOKEN", "")
+        reasons = []
+        for address in offloaders:
+            try:
+                if self._manager is None:
+                    self._manager = _native.LeaseManager(
+                        self.source, self.transform, self.seed, self.batch_size, token,
+                        shuffle=self.shuffle, drop_last=self.drop_last, rank=self.rank, world=self.world,
+                        prefetch=prefetch, lease_timeout=lease_timeout, no_daemon_timeout=no_daemon_timeout,
+                        connect_timeout=connect_timeout,
+                    )
+                self._manager.add_daemon(*_split(address))
+            except RuntimeError as e:
+                reasons.append(f"{address}: {e}")
+        if self._manager is not None and self._manager.live_daemons() == 0:
+            self._manager = None
+        if self._manager is None:
+            self._warn_fallback("; ".join(reasons) or "no offloaders were given")
+        else:
+            self._dataset_size = self._manager.dataset_size
+
+    def _warn_fallback(self, why: str) -> None:
+        warnings.warn(
+            f"dlop.data.OffloadLoader: no dlop-offloader answered ({why}); "
+            f"making batches locally in {self.workers} worker processes",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    @property
+    def offloaded(self) -> bool:
+        return self._manager is not None
+
+    def add_offloader(self, address: str) -> None:
+        """Uses another daemon from the next batch on (offloaded mode only)."""
+        if self._manager is None:
+            raise RuntimeError("this OffloadLoader runs locally; offloaders can only join an offloaded one")
+        self._manager.add_daemon(*_split(address))
+
+    def _plan(self):
+        if self._dataset_size is None:
+            self._dataset_size = len(_native.open_source(self.source))
+        return _native.EpochPlan(
+            self._dataset_size, self.batch_size, self.seed, self.shuffle, self.drop_last, self.rank, self.world
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+        self._resume = None
+
+    def __len__(self) -> int:
+        return self._plan().batch_count()
+
+    def state_dict(self) -> dict:
+        """A small cursor: the epoch, the next batch's position and the plan it belongs to."""
+        self._plan()  # learns the dataset size when no daemon told it
+        return {
+            "epoch": self._epoch, "position": self._position, "seed": self.seed,
+            "dataset_size": self._dataset_size, "batch_size": self.batch_size,
+            "rank": self.rank, "world": self.world, "shuffle": self.shuffle, "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next iteration resumes the cursor's epoch at its position."""
+        mine = self.state_dict()
+        for key in ("seed", "dataset_size", "batch_size", "rank", "world", "shuffle", "drop_last"):
+            if state[key] != mine[key]:
+                raise ValueError(f"state_dict belongs to another plan: {key} is {state[key]!r}, not {mine[key]!r}")
+        self._epoch = int(state["epoch"])
+        self._resume = dict(state)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start = int(self._resume["position"]) if self._resume else 0
+        self._resume = None
+        self._position = start
+        if self._manager is not None:
+            yield from self._iter_offloaded(start)
+        else:
+            yield from self._iter_local(start)
+
+    def _iter_offloaded(self, start: int):
+        m = self._manager
+        cursor = self.state_dict()
+        cursor["position"] = start
+        m.restore(cursor)
+        held = None
+        try:
+            while True:
+                if held is not None:
+                    m.release(held)
+                    held = None
+                try:
+                    got = m.next()
+                except RuntimeError as e:
+                    if "no dlop-offloader left" not in str(e):
+                        raise
+                    # Every daemon is gone: finish the epoch locally, said once.
+                    self._manager = None
+                    self._warn_fallback(str(e))
+                    yield from self._iter_local(self._position)
+                    return
+                if got is None:
+                    return
+                position, images, labels, held, _skipped = got
+                self._position = position + 1
+                yield torch.from_numpy(images), torch.from_numpy(labels)
+        finally:
+            if held is not None and self._manager is not None:
+                m.release(held)
+
+    def _iter_local(self, start: int):
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        batches = self._plan().batches(self._epoch)[start:]
+        with cf.ProcessPoolExecutor(
+            max_workers=max(1, self.workers), mp_context=mp.get_context("spawn"),
+            initializer=_worker_init, initargs=(self.source, self.transform),
+        ) as pool:
+            results = pool.map(_worker_batch, batches, [self.seed] * len(batches), [self._epoch] * len(batches))
+            for k, (images, labels) in enumerate(results):
+                self._position = start + k + 1
+                yield torch.from_numpy(images), torch.from_numpy(labels)

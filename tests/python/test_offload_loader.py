@@ -1,0 +1,157 @@
+"""dlop.data.OffloadLoader against two real dlop-offloader daemons: every batch
+of an epoch bit-identical to the native pipeline run here on the same plan,
+a daemon SIGKILLed mid-epoch costs nothing, a state_dict resumes mid-epoch,
+and with no daemon the local fallback warns once and yields the same batches."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+offload = pytest.importorskip("dlop._C").offload
+if not hasattr(offload, "LeaseManager"):
+    pytest.skip("dlop._C was built without the lease manager; rebuild it", allow_module_level=True)
+
+from dlop.data import OffloadLoader  # noqa: E402
+from dlop.data.make_dataset import main as make_dataset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "offload-loader-test-token-0123456789"
+SPEC = {
+    "ops": [
+        {"op": "random_resized_crop", "size": 32},
+        {"op": "hflip", "p": 0.5},
+        {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+    ]
+}
+SEED, BATCH = 11, 4
+
+
+def _offloader() -> str:
+    candidates = [os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
+                  str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
+
+
+class Daemon:
+    def __init__(self, exe: str, token_file: Path) -> None:
+        self.proc = subprocess.Popen(
+            [exe, "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
+        self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("data") / "train"
+    assert make_dataset([str(out), "--classes", "3", "--per-class", "6", "--seed", "3"]) == 0
+    return str(out)
+
+
+@pytest.fixture()
+def daemons(tmp_path):
+    exe = _offloader()
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    ds = [Daemon(exe, token_file), Daemon(exe, token_file)]
+    yield ds
+    for d in ds:
+        d.kill()
+
+
+def reference(dataset: str, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The plan's batches run by the native pipeline in this process."""
+    source = offload.open_source(dataset)
+    pipeline = offload.Pipeline(__import__("json").dumps(SPEC))
+    plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
+    out = []
+    for indices in plan.batches(epoch):
+        images, labels, _ = pipeline.run_batch(source, indices, seed=SEED, epoch=epoch)
+        out.append((images, labels))
+    return out
+
+
+def collect(loader) -> list[tuple[np.ndarray, np.ndarray]]:
+    # The tensors view pool buffers reused on the next step: copy them out.
+    return [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]
+
+
+def assert_same(got, want) -> None:
+    assert len(got) == len(want)
+    for k, ((gx, gy), (wx, wy)) in enumerate(zip(got, want)):
+        assert gx.tobytes() == wx.tobytes(), f"batch {k}: images differ"
+        assert np.array_equal(gy, wy), f"batch {k}: labels differ"
+
+
+def make_loader(dataset, daemons, **kw) -> OffloadLoader:
+    return OffloadLoader(dataset, SPEC, BATCH, shuffle=True, seed=SEED,
+                         offloaders=[d.address for d in daemons], token=TOKEN, prefetch=3, **kw)
+
+
+def test_epoch_is_bit_identical_to_the_local_pipeline(dataset, daemons):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # offloaded: no fallback warning
+        loader = make_loader(dataset, daemons)
+    assert loader.offloaded
+    assert len(loader) == 5  # 18 samples, batches of 4, the last one of 2
+    loader.set_epoch(2)
+    got = collect(loader)
+    assert got[0][0].shape == (4, 3, 32, 32) and got[0][0].dtype == np.float32
+    assert_same(got, reference(dataset, 2))
+
+
+def test_a_daemon_killed_mid_epoch_still_gives_every_batch_once(dataset, daemons):
+    loader = make_loader(dataset, daemons, lease_timeout=10.0)
+    loader.set_epoch(1)
+    got = []
+    for k, (x, y) in enumerate(loader):
+        got.append((x.numpy().copy(), y.numpy().copy()))
+        if k == 1:
+            daemons[0].kill()
+    assert_same(got, reference(dataset, 1))
+
+
+def test_resume_from_a_state_dict(dataset, daemons):
+    loader = make_loader(dataset, daemons)
+    loader.set_epoch(4)
+    first = []
+    for x, y in loader:
+        first.append((x.numpy().copy(), y.numpy().copy()))
+        if len(first) == 2:
+            break
+    state = loader.state_dict()
+    assert state["epoch"] == 4 and state["position"] == 2
+    fresh = make_loader(dataset, daemons[1:])
+    fresh.load_state_dict(state)
+    assert_same(first + collect(fresh), reference(dataset, 4))
+
+
+def test_no_daemon_falls_back_locally_with_one_warning(dataset, tmp_path):
+    with pytest.warns(RuntimeWarning, match="no dlop-offloader answered") as caught:
+        loader = OffloadLoader(dataset, SPEC, BATCH, seed=SEED, offloaders=["127.0.0.1:1"], token=TOKEN,
+                               workers=2, connect_timeout=1.0)
+        loader.set_epoch(3)
+        got = collect(loader)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert not loader.offloaded
+    assert_same(got, reference(dataset, 3))

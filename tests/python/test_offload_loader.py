@@ -155,3 +155,30 @@ def test_no_daemon_falls_back_locally_with_one_warning(dataset, tmp_path):
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
     assert not loader.offloaded
     assert_same(got, reference(dataset, 3))
+
+
+def _torchvision():
+    try:
+        import torchvision  # noqa: F401
+    except Exception as e:  # a torchvision built for another torch fails with RuntimeError, not ImportError
+        pytest.skip(f"torchvision cannot be imported: {e}")
+    return torchvision
+
+
+def test_offload_wraps_an_imagefolder_dataloader(dataset, daemons):
+    tv = _torchvision()
+    from dlop.data import offload as offload_loader
+
+    T = tv.transforms
+    transform = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    dl = torch.utils.data.DataLoader(tv.datasets.ImageFolder(dataset, transform=transform), batch_size=BATCH,
+                                     shuffle=True)
+    loader = offload_loader(dl, offloaders=[d.address for d in daemons], token=TOKEN, seed=SEED)
+    loader.set_epoch(0)
+    assert_same(collect(loader), reference(dataset, 0))
+
+    odd = T.Compose([T.Lambda(lambda x: x), T.ToTensor()])
+    dl = torch.utils.data.DataLoader(tv.datasets.ImageFolder(dataset, transform=odd), batch_size=BATCH)
+    with pytest.raises(ValueError, match="generic Python path"):
+        offload_loader(dl, offloaders=[d.address for d in daemons], token=TOKEN)

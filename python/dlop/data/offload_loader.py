@@ -8,6 +8,7 @@ offloaded path and the local fallback yield the same batches.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import warnings
@@ -209,7 +210,13 @@ class OffloadLoader:
             max_workers=max(1, self.workers), mp_context=mp.get_context("spawn"),
             initializer=_worker_init, initargs=(self.source, self.transform),
         ) as pool:
-            results = pool.map(_worker_batch, batches, [self.seed] * len(batches), [self._epoch] * len(batches))
-            for k, (images, labels) in enumerate(results):
+            # A bounded window of batches in flight, as with offloaders: memory
+            # stays bounded whatever the epoch's length.
+            window: collections.deque = collections.deque()
+            todo = iter(batches)
+            for k in range(len(batches)):
+                while len(window) < 2 * max(1, self.workers) and (b := next(todo, None)) is not None:
+                    window.append(pool.submit(_worker_batch, b, self.seed, self._epoch))
+                images, labels = window.popleft().result()
                 self._position = start + k + 1
                 yield torch.from_numpy(images), torch.from_numpy(labels)

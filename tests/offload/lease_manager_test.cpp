@@ -284,6 +284,27 @@ TEST_F(LeaseManagerTest, StoppedDaemonsLeaseTimesOutAndIsReissued) {
   d1.kill(SIGKILL);
 }
 
+// A stopped daemon that resumes answers leases already reissued: its late
+// batches (or cancellations) must be dropped, never yielded twice.
+TEST_F(LeaseManagerTest, LateAnswersOfReissuedLeasesAreDropped) {
+  DaemonProcess d1(1), d2(1);
+  auto o = options();
+  o.lease_timeout = 800ms;
+  LeaseManager m(o);
+  m.add_daemon("127.0.0.1", d1.port());
+  m.add_daemon("127.0.0.1", d2.port());
+  m.set_epoch(6);
+  d1.kill(SIGSTOP);
+  const auto seen = drain(m, 6, [&](std::uint64_t pos) {
+    if (pos == 2) d1.kill(SIGCONT);
+  });
+  EXPECT_EQ(sorted(seen), sorted(all_samples(6)));
+  EXPECT_GT(m.leases_reissued(), 0u);
+  // Another epoch on the same daemons: nothing of the last one leaks into it.
+  m.set_epoch(7);
+  EXPECT_EQ(sorted(drain(m, 7)), sorted(all_samples(7)));
+}
+
 TEST_F(LeaseManagerTest, NoDaemonLeftIsAnErrorAfterTheTimeout) {
   auto o = options();
   o.no_daemon_timeout = 300ms;

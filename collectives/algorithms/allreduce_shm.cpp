@@ -98,6 +98,8 @@ class ShmAllreduce final : public Task {
     }
   }
 
+  bool polls_memory() const override { return true; }
+
   std::vector<int> waiting_for() const override {
     std::vector<int> late;
     if (!started_ || round_ == rounds_) return late;  // an earlier operation here, or nothing

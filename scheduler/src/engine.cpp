@@ -237,9 +237,17 @@ void Engine::thread_main() {
     const bool had = !running_.empty();
     const bool running = progress_locked(finished);
     idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
-    const bool sleep = !running || (idle_passes > kSpinPasses && mesh_->arm());
+    bool sleep = !running || (idle_passes > kSpinPasses && mesh_->arm());
+    const bool polls_memory = sleep && running &&
+                              std::any_of(running_.begin(), running_.end(),
+                                          [](const auto& op) { return op->task && op->task->polls_memory(); });
     lock.unlock();
     finish_all(finished);
+    if (polls_memory) {
+      // Nothing will wake a sleep: let a descheduled peer run, then look again.
+      sched_yield();
+      sleep = false;
+    }
     if (sleep) {
       // Running ops: UCX's event fd wakes us (and a short timeout bounds the
       // wait for timeouts and the watchdog). Idle: only a submitter does.

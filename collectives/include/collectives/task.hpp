@@ -25,6 +25,10 @@ class Task {
   // Group ranks this task waits for other than through transport requests
   // (e.g. on shared-memory flags), for timeout messages; empty if none.
   virtual std::vector<int> waiting_for() const { return {}; }
+  // True when the task waits on flags in shared memory: their posting wakes
+  // no sleeper, so while it runs the engine yields instead of sleeping on
+  // UCX's event fd (which would add up to a poll timeout per late peer).
+  virtual bool polls_memory() const { return false; }
 };
 
 // Requests of one step; done when all are.

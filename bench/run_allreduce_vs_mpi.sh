@@ -10,6 +10,9 @@
 #
 #   bench/run_allreduce_vs_mpi.sh [CONFIG...] [-- EXTRA dlop-bench OPTIONS]
 #   e.g. bench/run_allreduce_vs_mpi.sh ucx -- -e 1M --reps 9
+# DLOP_RUNS=N repeats each configuration N times (files _<config>_run<k>) and
+# then writes _<config>_median.txt: per row, the median over runs of each time
+# and of each run's own dlop/MPI ratio (bench/median_of_runs.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=${DLOP_BENCH:-build/bench/dlop-bench}
@@ -33,13 +36,22 @@ for config in "${configs[@]}"; do
     ucx) mca=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any) ;;
     *) echo "unknown configuration '$config' (default, ob1, ucx)" >&2; exit 1 ;;
   esac
-  base=bench/results/allreduce_vs_mpi_$config
-  cmd=(mpirun "${mpirun_args[@]}" "${mca[@]}" "$bench" allreduce -b 8 -e 256M -f 4 -d float -o sum
-       --json "$base.json" "$@")
-  {
-    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) cores, $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "# ${cmd[*]}"
-    "${cmd[@]}" 2>&1
-  } | tee "$base.txt"
-  echo "# written to $base.txt and $base.json"
+  runs=${DLOP_RUNS:-1}
+  jsons=()
+  for ((k = 1; k <= runs; k++)); do
+    base=bench/results/allreduce_vs_mpi_$config
+    [ "$runs" -gt 1 ] && base=${base}_run$k
+    cmd=(mpirun "${mpirun_args[@]}" "${mca[@]}" "$bench" allreduce -b 8 -e 256M -f 4 -d float -o sum
+         --json "$base.json" "$@")
+    {
+      echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+      echo "# ${cmd[*]}"
+      "${cmd[@]}" 2>&1
+    } | tee "$base.txt"
+    echo "# written to $base.txt and $base.json"
+    jsons+=("$base.json")
+  done
+  if [ "$runs" -gt 1 ]; then
+    python3 bench/median_of_runs.py "${jsons[@]}" | tee "bench/results/allreduce_vs_mpi_${config}_median.txt"
+  fi
 done

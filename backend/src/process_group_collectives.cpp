@@ -3,6 +3,7 @@
 // engine; the Work copies staged results back before completing its future.
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "backend/process_group_dlop.hpp"
@@ -27,21 +28,39 @@ bool caller_waits(const Options& opts) {
   }
 }
 
-// The tensors as one contiguous byte buffer, in order.
+// The tensors as one contiguous byte buffer, in order. Copies raw bytes: the
+// tensors may differ in dtype (allgather_coalesced), and a tensor of 0 or 1
+// elements counts as contiguous whatever its stride, which view(kByte) refuses.
 at::Tensor pack_bytes(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> bytes;
-  bytes.reserve(tensors.size());
-  for (const auto& t : tensors) bytes.push_back(t.contiguous().reshape(-1).view(at::kByte));
-  return bytes.empty() ? at::empty({0}, at::kByte) : at::cat(bytes);
+  std::size_t total = 0;
+  for (const auto& t : tensors) total += t.nbytes();
+  auto flat = at::empty({static_cast<int64_t>(total)}, at::kByte);
+  auto* out = static_cast<std::uint8_t*>(flat.data_ptr());
+  for (const auto& t : tensors) {
+    const auto c = t.contiguous();
+    if (c.nbytes() != 0) std::memcpy(out, c.data_ptr(), c.nbytes());
+    out += c.nbytes();
+  }
+  return flat;
 }
 
 // Copies consecutive pieces of `flat` (bytes) into the tensors, in order,
-// starting at byte `offset`; returns the offset after the last one.
+// starting at byte `offset`; returns the offset after the last one. The
+// pieces need not be aligned for the tensors' dtypes.
 std::size_t unpack_bytes(const at::Tensor& flat, std::size_t offset, const std::vector<at::Tensor>& tensors) {
+  const auto* in = static_cast<const std::uint8_t*>(flat.data_ptr());
   for (const auto& t : tensors) {
-    const auto n = static_cast<int64_t>(t.nbytes());
-    t.copy_(flat.narrow(0, static_cast<int64_t>(offset), n).view(t.scalar_type()).view(t.sizes()));
-    offset += static_cast<std::size_t>(n);
+    const auto n = t.nbytes();
+    if (n != 0) {
+      if (t.is_contiguous()) {
+        std::memcpy(t.data_ptr(), in + offset, n);
+      } else {
+        auto tmp = at::empty(t.sizes(), t.options());
+        std::memcpy(tmp.data_ptr(), in + offset, n);
+        t.copy_(tmp);
+      }
+    }
+    offset += n;
   }
   return offset;
 }
@@ -98,7 +117,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector
   auto handle = torch_errors(
       [&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, op_options(opts.timeout)); });
   return make_work(OpType::ALLREDUCE_COALESCED, {std::move(handle)}, tensors, {flat}, [tensors, flat] {
-    unpack_bytes(flat.view(at::kByte), 0, tensors);
+    unpack_bytes(flat, 0, tensors);
   });
 }
 

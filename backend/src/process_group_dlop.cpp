@@ -42,6 +42,8 @@ ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store,
     std::rethrow_exception(to_torch_error(std::current_exception()));
   }
   completions_ = shared_completion_queue();
+  faults_ = group_fault_channel(global_ranks.empty() ? store : c10::intrusive_ptr<c10d::Store>(), rank);
+  if (faults_) faults_->watch(comm_);
   log().debug("process group '{}': rank {} of {}, {} host(s)", group_name_, rank, size, comm_->hosts());
 }
 
@@ -56,6 +58,7 @@ void ProcessGroupDlop::shutdown() {
   // Pending operations keep the engine (and the Works their tensors) alive
   // until they finish or time out; the completion thread stops once the
   // last group lets go of it.
+  faults_.reset();
   completions_.reset();
   comm_.reset();
 }
@@ -81,6 +84,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, st
   }
   auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
                                             std::move(finish));
+  work->report_peer_deaths_to(faults_);
   work->attach(std::move(handles), completions_);
   return work;
 }

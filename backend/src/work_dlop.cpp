@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "world_registry.hpp"
 
 namespace dlop::backend {
 
@@ -151,6 +152,14 @@ void WorkDlop::complete() {
   std::exception_ptr error;
   for (const auto& handle : handles_) {
     if (auto e = handle.error()) {
+      if (auto faults = faults_.lock()) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const Error& dlop_error) {
+          if (dlop_error.code() == Errc::kPeerDead) faults->report(dlop_error.what());
+        } catch (...) {
+        }
+      }
       error = to_torch_error(e);
       break;
     }

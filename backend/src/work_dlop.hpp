@@ -24,6 +24,7 @@
 
 namespace dlop::backend {
 
+class FaultChannel;
 class WorkDlop;
 
 // A future callback may itself wait on another collective's future (PowerSGD's
@@ -55,6 +56,8 @@ class WorkDlop : public c10d::Work {
            std::function<void()> finish);
   // Hooks the handles up; call once, right after construction.
   void attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
+  // A handle that fails because a peer died tells the job through `faults`.
+  void report_peer_deaths_to(const std::shared_ptr<FaultChannel>& faults) { faults_ = faults; }
 
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -70,6 +73,7 @@ class WorkDlop : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_alive_;
   std::function<void()> finish_;
+  std::weak_ptr<FaultChannel> faults_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> remaining_{0};
   std::atomic<bool> completing_{false};

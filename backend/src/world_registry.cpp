@@ -1,7 +1,10 @@
 #include "world_registry.hpp"
 
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
+#include "core/config.hpp"
 #include "core/log.hpp"
 #include "work_dlop.hpp"
 
@@ -12,8 +15,103 @@ std::mutex registry_mutex;
 std::weak_ptr<sched::Communicator> default_group;
 std::weak_ptr<transport::Bootstrap> default_bootstrap;
 std::weak_ptr<CompletionQueue> completion_queue;
+std::weak_ptr<FaultChannel> fault_channel;
+
+constexpr const char* kPeerDeadKey = "dlop_peer_dead";
 
 }  // namespace
+
+// Shared with the polling thread, which may outlive the channel (see ~FaultChannel).
+struct FaultChannel::State {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  bool done = false;  // the thread has returned
+  bool reported = false;
+  std::vector<std::weak_ptr<sched::Communicator>> watched;
+
+  void run() {
+    pthread_setname_np(pthread_self(), "dlop-faults");
+    const auto every = std::max(config().watchdog, std::chrono::milliseconds(100)) * 2;
+    std::unique_lock lock(mutex);
+    while (!wake.wait_for(lock, every, [&] { return stop; })) {
+      lock.unlock();
+      std::string notice;
+      bool failed = false;
+      try {
+        if (store->check({kPeerDeadKey})) {
+          const auto bytes = store->get(kPeerDeadKey);
+          notice.assign(bytes.begin(), bytes.end());
+        }
+      } catch (const std::exception& e) {
+        // The store is gone (its host rank exited or died): nothing more to learn.
+        log().debug("rank {}: fault channel stops polling: {}", rank, e.what());
+        failed = true;
+      }
+      lock.lock();
+      if (failed) break;
+      if (notice.empty()) continue;
+      auto comms = std::move(watched);
+      watched.clear();
+      lock.unlock();
+      for (const auto& weak : comms) {
+        if (auto comm = weak.lock()) comm->abort(notice);
+      }
+      lock.lock();
+      break;
+    }
+    done = true;
+    wake.notify_all();
+  }
+};
+
+FaultChannel::FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank) : state_(std::make_shared<State>()) {
+  state_->store = std::move(store);
+  state_->rank = rank;
+  std::thread([state = state_] { state->run(); }).detach();
+}
+
+FaultChannel::~FaultChannel() {
+  std::unique_lock lock(state_->mutex);
+  state_->stop = true;
+  state_->wake.notify_all();
+  // A poll normally returns within a round trip to the store; one that hangs
+  // (the store's host vanished) must not hold up shutdown or exit.
+  if (!state_->wake.wait_for(lock, std::chrono::seconds(2), [&] { return state_->done; })) {
+    log().warn("rank {}: the fault channel's store poll did not return; leaving it behind", state_->rank);
+  }
+}
+
+void FaultChannel::report(const std::string& what) {
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->reported) return;
+    state_->reported = true;
+  }
+  const std::string notice = fmt::format("rank {} reported a dead peer: {}", state_->rank, what);
+  try {
+    state_->store->set(kPeerDeadKey, std::vector<std::uint8_t>(notice.begin(), notice.end()));
+  } catch (const std::exception& e) {
+    log().debug("rank {}: could not report a dead peer through the store: {}", state_->rank, e.what());
+  }
+}
+
+void FaultChannel::watch(const std::shared_ptr<sched::Communicator>& comm) {
+  std::lock_guard lock(state_->mutex);
+  if (!state_->done) state_->watched.push_back(comm);
+}
+
+std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank) {
+  std::lock_guard lock(registry_mutex);
+  if (default_store) {
+    auto channel = std::make_shared<FaultChannel>(default_store, rank);
+    fault_channel = channel;
+    return channel;
+  }
+  return fault_channel.lock();
+}
 
 GroupCommunicator make_group_communicator(const std::shared_ptr<transport::Bootstrap>& bootstrap,
                                           const std::vector<int>& global_ranks,

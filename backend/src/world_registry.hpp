@@ -1,9 +1,12 @@
 // What the process groups of one process share: one engine (the default
-// group's, which sub-groups join through Communicator::subgroup) and one
-// completion thread.
+// group's, which sub-groups join through Communicator::subgroup), one
+// completion thread and one fault channel.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "scheduler/communicator.hpp"
@@ -29,5 +32,36 @@ GroupCommunicator make_group_communicator(const std::shared_ptr<transport::Boots
 // The process's completion thread, started with the first group and joined
 // when the last one lets go of it.
 std::shared_ptr<CompletionQueue> shared_completion_queue();
+
+// A peer's death, seen by one rank, made known to every rank of the job.
+//
+// A rank learns that a peer died only from its own traffic with it (or, on
+// one host, from the liveness watchdog). On several hosts a rank waiting on a
+// live peer that has itself just failed because of the death would sit out
+// the whole timeout and then name the live peer. So the first rank whose
+// operation fails with a dead peer writes the message to the default group's
+// store, and every rank polls that key and aborts its groups with it: their
+// pending and later operations fail at once, naming the dead rank.
+class FaultChannel {
+ public:
+  struct State;
+  // Polls `store` (the default group's) from a thread of its own.
+  explicit FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank);
+  ~FaultChannel();  // stops polling (a poll stuck on a vanished store is left behind)
+  FaultChannel(const FaultChannel&) = delete;
+  FaultChannel& operator=(const FaultChannel&) = delete;
+
+  // From any thread; the first report of this process only.
+  void report(const std::string& what);
+  // Aborted when a report (this rank's or another's) arrives.
+  void watch(const std::shared_ptr<sched::Communicator>& comm);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// The live default group's channel; null when there is none. default_store:
+// for the default group itself (makes the channel), else null.
+std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank);
 
 }  // namespace dlop::backend

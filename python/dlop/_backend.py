@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 
 BACKEND_NAME = "dlop"
@@ -35,6 +36,47 @@ def register_backend() -> None:
     # CUDA is claimed too so that a CUDA tensor reaches dlop and gets its
     # message ("CUDA tensors are not supported yet") rather than a lookup error.
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    _allow_monitored_barrier()
+
+
+def _allow_monitored_barrier() -> None:
+    """Lets torch.distributed.monitored_barrier run on dlop groups.
+
+    torch's Python function refuses every backend but Gloo before it calls the
+    group's monitored_barrier, which dlop implements (ProcessGroupDlop::
+    monitoredBarrier: rank 0 names the ranks that did not arrive). The wrapper
+    runs torch's own steps for dlop groups and hands every other group to
+    torch's function unchanged.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.monitored_barrier
+    if getattr(original, "_dlop_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
+        try:
+            on_dlop = not c10d._rank_not_in_group(group) and c10d.get_backend(group) == BACKEND_NAME
+        except Exception:  # noqa: BLE001  (no default group and the like: torch's function says so)
+            on_dlop = False
+        if not on_dlop:
+            return original(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        # As torch does for Gloo.
+        if timeout is None:
+            timeout = c10d._get_default_timeout(BACKEND_NAME)
+        elif isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        c10d._check_valid_timeout(timeout)
+        group_to_use = c10d._get_default_group() if group is None else group
+        return group_to_use.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._dlop_wrapped = True  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier
+    import torch.distributed as dist
+
+    if getattr(dist, "monitored_barrier", None) is original:
+        dist.monitored_barrier = monitored_barrier
 
 
 def _autoload() -> None:

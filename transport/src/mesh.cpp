@@ -1,4 +1,5 @@
 // Mesh set-up, tear-down and the detection of dead peers.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -103,21 +104,30 @@ void Mesh::connect(const std::vector<Bytes>& records) {
 void Mesh::disconnect() {
   // Abandoned requests may still complete later: keep their callbacks away
   // from the list, which dies with us.
+  const bool abandoned = sends_abandoned_ || pending_.next != &pending_;
+  bool sends_abandoned = sends_abandoned_;
   for (detail::RequestSlot* slot = pending_.next; slot != &pending_;) {
     detail::RequestSlot* next = slot->next;
     slot->listed = false;
+    sends_abandoned = sends_abandoned || slot->kind != detail::OpKind::kRecv;
     if (slot->kind == detail::OpKind::kRecv) ucp_request_cancel(worker_.get(), slot);
     slot = next;
   }
   pending_.prev = pending_.next = &pending_;
 
   // Flush-close live endpoints; a bounded wait so a vanished peer cannot hang us.
+  // Once a peer has died, or operations were abandoned (timed out), the other
+  // ranks may be gone or never answer: a flush would wait for acknowledgements
+  // that never come, and UCX cannot cancel a send. Endpoints in peer error
+  // mode are then force-closed, which purges their requests.
+  const bool job_broken = abandoned || std::any_of(peers_.begin(), peers_.end(),
+                                                   [](const Peer& p) { return p.failure.has_value(); });
   std::vector<void*> closing;
   for (Peer& peer : peers_) {
     if (peer.ep == nullptr) continue;
     ucp_request_param_t params{};
-    if (peer.failure) {
-      if (peer.local) continue;  // mode none: the worker's destruction releases it
+    if (peer.failure && peer.local) continue;  // mode none: the worker's destruction releases it
+    if (job_broken && !peer.local) {
       params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       params.flags = UCP_EP_CLOSE_FLAG_FORCE;
     }
@@ -126,9 +136,20 @@ void Mesh::disconnect() {
     peer.ep = nullptr;
   }
   const auto deadline = Clock::now() + std::min(options_.timeout, std::chrono::milliseconds(2000));
+  bool unfinished = false;
   for (void* request : closing) {
     while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) worker_.progress();
+    unfinished = unfinished || ucp_request_check_status(request) == UCS_INPROGRESS;
     ucp_request_free(request);
+  }
+  if (unfinished || sends_abandoned) {
+    // UCX (1.13) aborts the process when a worker is destroyed under an
+    // endpoint whose close still runs or that still holds a send (a force
+    // close does not purge a rendezvous send, and a send cannot be cancelled);
+    // leaking the worker at teardown is the lesser harm.
+    log().debug("rank {}: {}; the UCX worker is left behind", rank_,
+                unfinished ? "an endpoint close did not finish in time" : "sends were abandoned");
+    worker_.abandon();
   }
 }
 

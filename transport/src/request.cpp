@@ -53,7 +53,11 @@ void Request::release() {
   if (!slot_->ucx_done) {
     Mesh::unlink(slot_);
     // A receive must not land in a buffer its owner may free now.
-    if (slot_->kind == detail::OpKind::kRecv) ucp_request_cancel(mesh_->worker_.get(), slot_);
+    if (slot_->kind == detail::OpKind::kRecv) {
+      ucp_request_cancel(mesh_->worker_.get(), slot_);
+    } else {
+      mesh_->sends_abandoned_ = true;
+    }
   }
   if (slot_->ucx_done) {
     delete[] slot_->owned;

@@ -21,6 +21,7 @@
 namespace dlop::backend {
 
 class CompletionQueue;
+class FaultChannel;
 class WorkDlop;
 
 class ProcessGroupDlop : public c10d::Backend {
@@ -106,6 +107,7 @@ class ProcessGroupDlop : public c10d::Backend {
   std::shared_ptr<transport::Bootstrap> engine_bootstrap_;
   std::shared_ptr<sched::Communicator> comm_;
   std::shared_ptr<CompletionQueue> completions_;
+  std::shared_ptr<FaultChannel> faults_;  // null for a group without a dlop default group
   std::atomic<uint64_t> collectives_issued_{0};
   std::chrono::milliseconds timeout_;
   std::string group_name_;

@@ -140,6 +140,9 @@ class Mesh {
   std::vector<std::unique_ptr<AmContext>> am_contexts_;
   std::chrono::steady_clock::time_point next_check_;
   unsigned progress_calls_ = 0;
+  // A send was dropped while UCX still held it (an operation that failed or
+  // timed out): see disconnect().
+  bool sends_abandoned_ = false;
 };
 
 }  // namespace dlop::transport

@@ -42,6 +42,12 @@ class UcxWorker {
   int event_fd() const { return event_fd_; }
   // Arms the event fd; false (and nothing armed) if events are waiting to be progressed.
   bool arm();
+  // Never destroys the worker and context (see Mesh::disconnect): for
+  // teardown after endpoints that could not be closed.
+  void abandon() {
+    static_cast<void>(worker_.release());
+    static_cast<void>(context_.release());
+  }
 
  private:
   struct ContextDeleter { void operator()(ucp_context*) const; };

@@ -3,7 +3,11 @@
 # 1. An unmodified DDP script (examples/ddp_train.py, built-in synthetic data)
 #    trained on 2 ranks under torchrun with backend "dlop", then the same with
 #    Gloo, each printing loss, accuracy and samples/s.
-# 2. dlop's all-reduce against Open MPI's on the same buffers (nccl-tests
+# 2. Offloaded preprocessing: a small CNN trained on the built-in synthetic
+#    image folder (`dlop make-dataset`) by 2 trainer ranks (backend dlop), its
+#    batches made by 2 local dlop-offloader daemons, then the same training
+#    with a local torch DataLoader; both samples/s and their ratio.
+# 3. dlop's all-reduce against Open MPI's on the same buffers (nccl-tests
 #    table), 2 ranks under mpirun.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +18,33 @@ for backend in dlop gloo; do
   "$venv/bin/torchrun" --standalone --nproc-per-node 2 examples/ddp_train.py --dist-backend "$backend" --epochs 3
   echo
 done
+data=${DLOP_DEMO_DATA:-${XDG_CACHE_HOME:-$HOME/.cache}/dlop/demo-images}
+[[ -f $data/.complete ]] || { rm -rf "$data" && "$venv/bin/dlop" make-dataset "$data" --classes 10 --per-class 32 && touch "$data/.complete"; }
+work=$(mktemp -d)
+daemons=()
+cleanup() { for pid in "${daemons[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
+chmod 600 "$work/token"
+addresses=()
+for k in 1 2; do
+  "$venv/bin/dlop-offloader" --listen 127.0.0.1:0 --token-file "$work/token" --threads 1 > "$work/daemon$k.log" 2>&1 &
+  daemons+=($!)
+  for _ in $(seq 100); do grep -q "listening on" "$work/daemon$k.log" && break; sleep 0.1; done
+  addresses+=("127.0.0.1:$(grep -m1 "listening on" "$work/daemon$k.log" | sed 's/.*://')")
+done
+offloaders=$(IFS=,; echo "${addresses[*]}")
+train=("$venv/bin/torchrun" --standalone --nproc-per-node 2 examples/offload_train.py --data "$data" --epochs 2)
+echo "== offloaded preprocessing: 2 trainer ranks (dlop), batches from 2 dlop-offloader daemons ($offloaders)"
+DLOP_OFFLOAD_TOKEN=$(cat "$work/token") "${train[@]}" --offloaders "$offloaders" | tee "$work/offloaded.log"
+echo
+echo "== the same training, batches from a local torch DataLoader (1 worker per rank)"
+"${train[@]}" --local-dataloader | tee "$work/local.log"
+rate() { grep "^epoch" "$1" | tail -1 | sed 's/.* \([0-9.]*\) samples\/s/\1/'; }
+echo "== last epoch: offloaded $(rate "$work/offloaded.log") samples/s, local DataLoader $(rate "$work/local.log") samples/s," \
+  "ratio $(python3 -c "print(f'{$(rate "$work/offloaded.log") / $(rate "$work/local.log"):.2f}')")"
+echo
+
 echo "== all-reduce, 2 ranks: dlop and Open MPI on the same buffers"
 mpirun_args=(--oversubscribe -np 2)
 [[ $(id -u) == 0 ]] && mpirun_args=(--allow-run-as-root "${mpirun_args[@]}")

@@ -207,7 +207,10 @@ class OffloadLoader:
 
         batches = self._plan().batches(self._epoch)[start:]
         with cf.ProcessPoolExecutor(
-            max_workers=max(1, self.workers), mp_context=mp.get_context("spawn"),
+            # fork, as torch's DataLoader does on Linux: spawn would re-run the
+            # user's script, which need not guard its top level with __main__.
+            max_workers=max(1, self.workers),
+            mp_context=mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn"),
             initializer=_worker_init, initargs=(self.source, self.transform),
         ) as pool:
             # A bounded window of batches in flight, as with offloaders: memory

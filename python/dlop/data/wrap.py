@@ -25,7 +25,9 @@ def _size(value: Any) -> Any:
 
 def transform_spec(transform: Any) -> dict:
     """A torchvision transform -> a native transform spec, or ValueError naming what does not map."""
-    import torchvision.transforms as T
+    from dlop._torchvision_compat import import_torchvision
+
+    T = import_torchvision().transforms
 
     steps = list(transform.transforms) if isinstance(transform, T.Compose) else [transform]
     ops: list[dict] = []
@@ -58,15 +60,42 @@ def transform_spec(transform: Any) -> dict:
     return {"ops": ops, "output": output}
 
 
+def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
+    """(shuffle, seed, drop_last) of the loader's sampler, or ValueError for one dlop cannot reproduce."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if type(loader.batch_sampler) is not BatchSampler:
+        raise ValueError(f"dlop.data.offload: a custom batch_sampler ({type(loader.batch_sampler).__name__}) "
+                         "decides the batches itself")
+    sampler = loader.sampler
+    if type(sampler) is RandomSampler:
+        if sampler.replacement or sampler._num_samples is not None:
+            raise ValueError("dlop.data.offload: a RandomSampler with replacement or num_samples")
+        return True, seed, loader.drop_last
+    if type(sampler) is SequentialSampler:
+        return False, seed, loader.drop_last
+    if type(sampler) is DistributedSampler:
+        # dlop's plan shards across the job's ranks by DistributedSampler's
+        # rules with one drop_last for the sampler and the last batch.
+        if sampler.drop_last != loader.drop_last:
+            raise ValueError(f"dlop.data.offload: DistributedSampler(drop_last={sampler.drop_last}) with "
+                             f"DataLoader(drop_last={loader.drop_last}): dlop's plan needs the two equal")
+        return sampler.shuffle, sampler.seed, loader.drop_last
+    raise ValueError(f"dlop.data.offload: the sampler is a {type(sampler).__name__}; dlop reproduces "
+                     "RandomSampler, SequentialSampler and DistributedSampler")
+
+
 def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0, **kwargs: Any) -> OffloadLoader:
     """An OffloadLoader making the batches `loader` (a torch DataLoader over an ImageFolder) would.
 
-    Batch size, drop_last and shuffling (a RandomSampler) are taken from the
-    DataLoader; the order is dlop's seeded one, not torch's generator's.
+    Batch size, drop_last, shuffling and (for a DistributedSampler) its seed
+    are taken from the DataLoader; the order is dlop's seeded one, not
+    torch's generator's, sharded over the job's ranks.
     """
-    from torch.utils.data import RandomSampler
-    from torchvision.datasets import ImageFolder
+    from dlop._torchvision_compat import import_torchvision
 
+    ImageFolder = import_torchvision().datasets.ImageFolder
     dataset = loader.dataset
     if type(dataset) is not ImageFolder:
         raise ValueError(f"dlop.data.offload: the dataset is a {type(dataset).__name__}, not an ImageFolder; {_GENERIC}")
@@ -74,6 +103,6 @@ def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0,
         raise ValueError(f"dlop.data.offload: target_transform is not supported natively; {_GENERIC}")
     if loader.batch_size is None:
         raise ValueError("dlop.data.offload: the DataLoader must batch (batch_size is None)")
-    return OffloadLoader(dataset.root, transform_spec(dataset.transform), loader.batch_size,
-                         shuffle=isinstance(loader.sampler, RandomSampler), seed=seed, offloaders=offloaders,
-                         token=token, drop_last=loader.drop_last, **kwargs)
+    shuffle, seed, drop_last = _order(loader, seed)
+    return OffloadLoader(dataset.root, transform_spec(dataset.transform), loader.batch_size, shuffle=shuffle,
+                         seed=seed, offloaders=offloaders, token=token, drop_last=drop_last, **kwargs)

@@ -2,6 +2,8 @@
 
     dlop make-dataset OUT [--classes N --per-class N --seed S]
     dlop pack ROOT OUT.dlrec
+    dlop run (--offloaders HOST:PORT[,...] | --discover) [--token-file F] -- COMMAND...
+    dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
 
 Each sub-command is a module with its own main (python -m dlop.data.make_dataset
 works the same); this only dispatches, so a tool's options live in one place.
@@ -15,6 +17,8 @@ import sys
 COMMANDS = {
     "make-dataset": ("dlop.data.make_dataset", "generate the built-in synthetic ImageNet-like image folder"),
     "pack": ("dlop.data.pack", "pack an image folder into a dlop record file"),
+    "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
+    "offloader": ("dlop.offloader_launcher", "run dlop-offloader and announce it in a training job's c10d store"),
 }
 
 

@@ -61,8 +61,9 @@ def _connect_store(host: str, port: int, timeout: float, stopping: threading.Eve
     deadline = time.monotonic() + timeout
     while True:
         try:
+            attempt = min(2.0, max(0.5, deadline - time.monotonic()))
             return TCPStore(host, port, is_master=False, wait_for_workers=False,
-                            timeout=datetime.timedelta(seconds=2))
+                            timeout=datetime.timedelta(seconds=attempt))
         except Exception as e:  # RuntimeError/DistNetworkError while the store is not up yet
             if stopping.is_set() or time.monotonic() > deadline:
                 raise SystemExit(f"dlop offloader: cannot reach the store at {host}:{port} ({e})") from None

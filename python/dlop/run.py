@@ -130,8 +130,11 @@ def _discovery_store():
         from torch.distributed import TCPStore
 
         host, _, port = where.rpartition(":")
-        store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=30))
+        try:
+            store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=30))
+        except Exception as e:  # the training goes on, locally
+            return None, f"the store at {where} did not answer ({e})"
     else:
         import torch.distributed as dist
 
@@ -162,8 +165,12 @@ class _Local:
     def worth_retrying(self) -> bool:
         # With discovery, offloaders that joined since are worth a new try (at
         # the next epoch's iteration; the current epoch has started locally).
-        if not os.environ.get("DLOP_RUN_DISCOVER") or _store is None:
+        if not os.environ.get("DLOP_RUN_DISCOVER"):
             return False
+        if _store is None:  # the process group may exist by now
+            import torch.distributed as dist
+
+            return not os.environ.get("DLOP_RUN_STORE") and dist.is_available() and dist.is_initialized()
         with _lock:
             return any(a not in self.tried for a in _joined)
 
@@ -226,7 +233,7 @@ def _why_not(loader) -> str | None:
 
     if type(loader) is not DataLoader:
         return f"it is a {type(loader).__name__}, a DataLoader subclass whose behaviour dlop cannot know"
-    if loader.collate_fn is not default_collate:
+    if loader.batch_size is not None and loader.collate_fn is not default_collate:
         return f"it has a custom collate_fn ({getattr(loader.collate_fn, '__name__', loader.collate_fn)!r})"
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank() if world > 1 else 0
@@ -250,8 +257,11 @@ def _prepare(loader):
     if reason is None and os.environ.get("DLOP_RUN_DISCOVER"):
         store, reason = _discovery_store()
         if store is not None:
-            addresses += [a for a in discovery.discover(store) if a not in addresses]
-            if not addresses:
+            try:
+                addresses += [a for a in discovery.discover(store) if a not in addresses]
+            except Exception as e:
+                reason = f"reading the offloaders from the store failed ({e})"
+            if reason is None and not addresses:
                 reason = "no offloader is announced in the job's store yet (dlop offloader --store ...)"
     if reason is None:
         with warnings.catch_warnings(record=True) as caught:
@@ -264,7 +274,10 @@ def _prepare(loader):
             if off.offloaded:
                 # The watcher reports the initial addresses too: _Offloaded skips them as used.
                 return _Offloaded(off, addresses)
-            reason = next((str(w.message) for w in caught), "no offloader answered")
+            reason = next((str(w.message) for w in caught if "OffloadLoader" in str(w.message)), "no offloader answered")
+        for w in caught:  # anything else said while setting up is the user's to see
+            if "OffloadLoader" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     warnings.warn(f"dlop run: this DataLoader is not offloaded and runs as usual: {reason}", RuntimeWarning, stacklevel=4)
     return _Local(reason, addresses)
 

@@ -21,7 +21,6 @@ dist = pytest.importorskip("torch.distributed")
 
 from dlop.data import discovery  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "discovery-test-token-0123456789abcdef"
 
 

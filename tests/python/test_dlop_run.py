@@ -29,7 +29,6 @@ offload = pytest.importorskip("dlop._C").offload
 
 from dlop.cli import main as dlop_main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "dlop-run-test-token-0123456789abcdef"
 BIN = Path(sys.executable).parent
 
@@ -341,3 +340,23 @@ def test_the_command_replaces_dlop_run_exit_status_and_pid():
 def test_bad_arguments_are_named(args, message):
     done = subprocess.run(dlop_run(*args), capture_output=True, text=True, timeout=60, env=_env())
     assert done.returncode != 0 and message in done.stderr
+
+
+def test_loaders_dlop_cannot_reproduce_warn_once_each_and_run_as_torch_does(tmp_path, token_file):
+    script = tmp_path / "other.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "ds = TensorDataset(torch.arange(10))\n"
+        "class Mine(DataLoader):\n    pass\n"
+        "loaders = [DataLoader(ds, batch_size=3, collate_fn=lambda b: [x for (x,) in b]), Mine(ds, batch_size=4),\n"
+        "           DataLoader(ds, batch_size=5)]\n"
+        "size = lambda b: len(b[0]) if b[0].dim() else len(b)\n"
+        "for epoch in range(2):\n"
+        "    print([[size(b) for b in loader] for loader in loaders])\n")
+    done = run(dlop_run("--discover", "--token-file", str(token_file), "--", "python", str(script)))
+    assert done.stdout.splitlines() == ["[[3, 3, 3, 1], [4, 4, 2], [5, 5]]"] * 2
+    reasons = [line for line in done.stderr.splitlines() if "dlop run: this DataLoader is not offloaded" in line]
+    assert len(reasons) == 3, done.stderr  # one per loader, not per epoch
+    assert "custom collate_fn" in reasons[0] and "a Mine, a DataLoader subclass" in reasons[1]
+    assert "torch.distributed is not initialized" in reasons[2]

@@ -43,8 +43,16 @@ def _patch(module) -> None:
 
         if get_worker_info() is not None:
             return original(self)
-        import dlop.run  # torch is fully imported by now
+        try:
+            import dlop.run  # torch is fully imported by now
+        except ImportError as e:  # a Python without dlop: train as if dlop run were not there
+            if not getattr(cls, "_dlop_import_warned", False):
+                cls._dlop_import_warned = True
+                import warnings
 
+                warnings.warn(f"dlop run: DataLoaders are not offloaded: this Python cannot import dlop ({e})",
+                              RuntimeWarning, stacklevel=2)
+            return original(self)
         return dlop.run.iterate(self, original)
 
     __iter__.__doc__ = original.__doc__

@@ -60,6 +60,12 @@ def transform_spec(transform: Any) -> dict:
     return {"ops": ops, "output": output}
 
 
+def _rank_world_size() -> int:
+    from dlop.data.offload_loader import _rank_world
+
+    return _rank_world()[1]
+
+
 def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
     """(shuffle, seed, drop_last) of the loader's sampler, or ValueError for one dlop cannot reproduce."""
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
@@ -69,6 +75,9 @@ def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
         raise ValueError(f"dlop.data.offload: a custom batch_sampler ({type(loader.batch_sampler).__name__}) "
                          "decides the batches itself")
     sampler = loader.sampler
+    if type(sampler) in (RandomSampler, SequentialSampler) and _rank_world_size() > 1:
+        raise ValueError("dlop.data.offload: a RandomSampler or SequentialSampler in a job of several ranks "
+                         "(each rank would read the whole dataset); dlop shards by rank, as a DistributedSampler")
     if type(sampler) is RandomSampler:
         if sampler.replacement or sampler._num_samples is not None:
             raise ValueError("dlop.data.offload: a RandomSampler with replacement or num_samples")
@@ -76,6 +85,12 @@ def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
     if type(sampler) is SequentialSampler:
         return False, seed, loader.drop_last
     if type(sampler) is DistributedSampler:
+        from dlop.data.offload_loader import _rank_world
+
+        if (sampler.rank, sampler.num_replicas) != _rank_world():
+            raise ValueError(f"dlop.data.offload: the DistributedSampler is rank {sampler.rank} of "
+                             f"{sampler.num_replicas}, the process group says {_rank_world()}: dlop shards by the "
+                             "process group")
         # dlop's plan shards across the job's ranks by DistributedSampler's
         # rules with one drop_last for the sampler and the last batch.
         if sampler.drop_last != loader.drop_last:
@@ -103,6 +118,11 @@ def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0,
         raise ValueError(f"dlop.data.offload: target_transform is not supported natively; {_GENERIC}")
     if loader.batch_size is None:
         raise ValueError("dlop.data.offload: the DataLoader must batch (batch_size is None)")
+    from torch.utils.data import default_collate
+
+    if loader.collate_fn is not default_collate:
+        raise ValueError(f"dlop.data.offload: a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')}) "
+                         f"has no native equivalent; {_GENERIC}")
     shuffle, seed, drop_last = _order(loader, seed)
     return OffloadLoader(dataset.root, transform_spec(dataset.transform), loader.batch_size, shuffle=shuffle,
                          seed=seed, offloaders=offloaders, token=token, drop_last=drop_last, **kwargs)

@@ -15,7 +15,7 @@ execute_process(
   COMMAND ${Python_EXECUTABLE} -c [=[
 import torch, torch.utils.cpp_extension as ext
 print("DLOP_TORCH_VERSION=" + torch.__version__.split("+")[0])
-print("DLOP_TORCH_INCLUDES=" + ";".join(ext.include_paths()))
+print("DLOP_TORCH_INCLUDES=" + "|".join(ext.include_paths()))
 print("DLOP_TORCH_LIBDIR=" + ext.library_paths()[0])
 print("DLOP_TORCH_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))
 for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
@@ -36,6 +36,10 @@ foreach(_line IN LISTS _dlop_torch_lines)
     set(${CMAKE_MATCH_1} "${CMAKE_MATCH_2}")
   endif()
 endforeach()
+# Joined with "|" above: a ";" would have split the line itself into list items,
+# leaving only the first folder (torch/include, without torch/csrc/api/include,
+# where <torch/version.h> lives).
+string(REPLACE "|" ";" DLOP_TORCH_INCLUDES "${DLOP_TORCH_INCLUDES}")
 
 add_library(dlop::torch INTERFACE IMPORTED)
 # -idirafter: torch's include folder also carries its own copies of fmt and

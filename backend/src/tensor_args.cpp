@@ -3,8 +3,18 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include "backend/torch_version.hpp"
+
 namespace dlop::backend {
 namespace {
+
+// PREMUL_SUM's factor: torch < 2.13 names its holder NCCLPreMulSumSupplement
+// (2.13 keeps that name as an alias "for BC only").
+#if DLOP_TORCH_AT_LEAST(2, 13)
+using PreMulSumSupplement = c10d::PreMulSumSupplement;
+#else
+using PreMulSumSupplement = c10d::NCCLPreMulSumSupplement;
+#endif
 
 std::optional<coll::DataType> engine_dtype(at::ScalarType type) {
   switch (type) {
@@ -81,7 +91,7 @@ coll::ReduceOp engine_op(const c10d::ReduceOp& op, std::string_view opname) {
 
 std::optional<at::Tensor> premul_factor(const c10d::ReduceOp& op, const at::Tensor& like) {
   if (op != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
-  const auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  const auto* supplement = dynamic_cast<PreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK_VALUE(supplement != nullptr, "dlop: PREMUL_SUM without its factor");
   if (supplement->tensor_factor.defined()) {
     check_tensor(supplement->tensor_factor, "PREMUL_SUM factor");

@@ -15,8 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "backend/torch_version.hpp"
 #include "scheduler/communicator.hpp"
 #include "transport/bootstrap.hpp"
+
+// Backend virtuals that older torch does not have: there dlop's member is a
+// plain function (torch never calls it; ~ProcessGroupDlop still shuts down).
+#if DLOP_TORCH_AT_LEAST(2, 7)
+#define DLOP_OVERRIDE_SINCE_TORCH_2_7 override  // Backend::abort, Backend::shutdown
+#else
+#define DLOP_OVERRIDE_SINCE_TORCH_2_7
+#endif
 
 namespace dlop::backend {
 
@@ -35,7 +44,10 @@ class ProcessGroupDlop : public c10d::Backend {
   ~ProcessGroupDlop() override;
 
   const std::string getBackendName() const override { return "dlop"; }
+#if DLOP_TORCH_AT_LEAST(2, 9)
+  // torch.distributed's _set_pg_timeout (torch >= 2.9).
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+#endif
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -80,8 +92,8 @@ class ProcessGroupDlop : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  void abort() override;
-  void shutdown() override;
+  void abort() DLOP_OVERRIDE_SINCE_TORCH_2_7;
+  void shutdown() DLOP_OVERRIDE_SINCE_TORCH_2_7;
 
   // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each group in torch's
   // ProcessGroupWrapper, which compares this number across the ranks before

@@ -44,9 +44,33 @@ UcxSender::EndpointId UcxSender::connect(const protocol::Bytes& worker_address, 
   // UCX parses the address we were given; it came from an authenticated
   // client, but a garbled one must still only fail this connection.
   transport::check_ucs(ucp_ep_create(worker_.get(), &params, &e->ep), "ucp_ep_create (client's worker address)");
+  wire_up(*e);
   const EndpointId id = e->id;
   endpoints_.emplace(id, std::move(e));
   return id;
+}
+
+// Completes the connection before the client hears CONFIGURED. UCX 1.13
+// aborts the client's process (an assertion in its request purge) when the
+// daemon dies while the client's wire-up reply to it is still queued; once
+// this flush has completed, that reply has arrived, so a daemon killed later
+// only fails the client's endpoint, as it should.
+void UcxSender::wire_up(Endpoint& e) {
+  ucp_request_param_t params{};
+  const ucs_status_ptr_t r = ucp_ep_flush_nbx(e.ep, &params);
+  ucs_status_t status = UCS_PTR_STATUS(r);
+  if (UCS_PTR_IS_PTR(r)) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((status = ucp_request_check_status(r)) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_.get());
+    }
+    ucp_request_free(r);  // one still in progress is released by UCX when the close below purges it
+  }
+  if (status != UCS_OK || !e.failure.empty()) {
+    close_ep(e.ep);
+    throw_error(Errc::kTransport, "UCX connection to " + e.peer + " did not come up: " +
+                                      (e.failure.empty() ? std::string(ucs_status_string(status)) : e.failure));
+  }
 }
 
 void UcxSender::close_ep(ucp_ep_h ep) {

@@ -62,6 +62,7 @@ class UcxSender {
 
   static void on_send(void* request, ucs_status_t status, void* user_data);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void wire_up(Endpoint& e);
   void close_ep(ucp_ep_h ep);
 
   transport::UcxWorker worker_;

@@ -1,5 +1,9 @@
 #include "transport/ucx_worker.hpp"
 
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include <poll.h>
 
 #include "core/error.hpp"
@@ -15,6 +19,14 @@ void check_ucs(ucs_status_t status, const char* what) {
 
 void UcxWorker::ContextDeleter::operator()(ucp_context* context) const { ucp_cleanup(context); }
 void UcxWorker::WorkerDeleter::operator()(ucp_worker* worker) const { ucp_worker_destroy(worker); }
+
+void UcxWorker::abandon() {
+  // Kept reachable on purpose: the leak is deliberate, not one for LeakSanitizer to report.
+  static std::mutex mutex;
+  static std::vector<std::pair<ucp_worker*, ucp_context*>> abandoned;
+  std::lock_guard lock(mutex);
+  abandoned.emplace_back(worker_.release(), context_.release());
+}
 
 UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
 

@@ -44,10 +44,7 @@ class UcxWorker {
   bool arm();
   // Never destroys the worker and context (see Mesh::disconnect): for
   // teardown after endpoints that could not be closed.
-  void abandon() {
-    static_cast<void>(worker_.release());
-    static_cast<void>(context_.release());
-  }
+  void abandon();
 
  private:
   struct ContextDeleter { void operator()(ucp_context*) const; };

@@ -41,6 +41,18 @@ endforeach()
 # where <torch/version.h> lives).
 string(REPLACE "|" ";" DLOP_TORCH_INCLUDES "${DLOP_TORCH_INCLUDES}")
 
+# PyPI's wheels of torch < 2.7 use the pre-C++11 libstdc++ ABI. The extension
+# must share torch's ABI, but dlop's other libraries and Debian's fmt and
+# spdlog use the C++11 one: every std::string across that boundary would be
+# an undefined symbol when dlop._C is imported. (The headers of torch 2.4 on
+# do compile: scripts/check_torch_compat.sh.)
+if(DLOP_TORCH_CXX11_ABI STREQUAL "0")
+  message(WARNING "dlop: torch ${DLOP_TORCH_VERSION} was built with the pre-C++11 ABI (_GLIBCXX_USE_CXX11_ABI=0, "
+                  "as PyPI's wheels of torch < 2.7 are), which dlop's libraries and Debian's fmt/spdlog do not use: "
+                  "the extension dlop._C is off. Use torch >= 2.7 from PyPI, or a C++11-ABI build of an older torch.")
+  return()
+endif()
+
 add_library(dlop::torch INTERFACE IMPORTED)
 # -idirafter: torch's include folder also carries its own copies of fmt and
 # other libraries; the Debian ones our code and spdlog are built with must win.

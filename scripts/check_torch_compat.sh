@@ -12,7 +12,8 @@
 # default 2), DLOP_TORCH_COMPAT_CACHE (download cache, default
 # ~/.cache/dlop/torch-compat), PYTHON (the pip to download with, default
 # python3; the wheel is picked for the venv's Python version).
-# Not part of `make test`: the wheel is ~800 MB. Linking is not checked.
+# Not part of `make test`: the wheel is ~800 MB (kept in the cache; about a
+# minute of compiling on 2 cores once it is there). Linking is not checked.
 set -euo pipefail
 
 version="${1:-2.4.1}"
@@ -61,6 +62,11 @@ if grep -q '_GLIBCXX_USE_CXX11_ABI=0' "$site/torch/share/cmake/Torch/TorchConfig
   abi=0
 fi
 echo "check_torch_compat: torch $(grep -h 'define TORCH_VERSION ' -A1 "$api/torch/version.h" | tr -d '\n\\"' | sed 's/.*TORCH_VERSION *//') headers, _GLIBCXX_USE_CXX11_ABI=$abi, $jobs job(s)"
+
+if [[ $abi -eq 0 ]]; then
+  echo "check_torch_compat: note: this torch uses the pre-C++11 ABI; cmake/DlopTorch.cmake refuses to build dlop._C" \
+    "against it (dlop's other libraries and Debian's fmt/spdlog use the C++11 ABI): only its headers are checked here"
+fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/dlop-torch-compat.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

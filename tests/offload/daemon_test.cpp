@@ -69,7 +69,7 @@ TEST(OffloadDaemon, NothingIsAcceptedBeforeAuthentication) {
   // A well-formed CONFIGURE (sequence 0, valid checksum) without HELLO.
   RawConn c(d.port());
   ASSERT_TRUE(c.read_frame().has_value());  // CHALLENGE
-  protocol::Configure m{{1, 2, 3}, "/", "{}", 0, 1};
+  protocol::Configure m{{1, 2, 3}, "host", "/", "{}", {}, 0, 1};
   c.write(c.writer.encode(MsgType::kConfigure, protocol::encode(m)));
   EXPECT_TRUE(c.closed_by_peer());
   // A keyed frame under a key the client made up.

@@ -39,7 +39,7 @@ void expect_protocol_error(const std::function<void()>& fn, const std::string& f
 }
 
 Configure sample_configure() {
-  return Configure{{1, 2, 3, 4}, "/data/train", R"({"ops": []})", 42, 64};
+  return Configure{{1, 2, 3, 4}, "trainer-host", "/data/train", R"({"ops": []})", {9, 8}, 42, 64};
 }
 
 TEST(OffloadProtocol, EveryMessageRoundTrips) {
@@ -52,7 +52,9 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(round_trip(Welcome{4, 1234, "d"}).pid, 1234u);
   const Configure c = round_trip(sample_configure());
   EXPECT_EQ(c.worker_address, (Bytes{1, 2, 3, 4}));
+  EXPECT_EQ(c.host, "trainer-host");
   EXPECT_EQ(c.source, "/data/train");
+  EXPECT_EQ(c.python, (Bytes{9, 8}));
   EXPECT_EQ(c.seed, 42u);
   EXPECT_EQ(c.batch_size, 64u);
   const Configured layout{1000, 10, 3, 8, 8, Dtype::kFloat32, 768, 1536, 1552};
@@ -127,7 +129,8 @@ TEST(OffloadProtocol, MalformedFramesAreRefused) {
   const Bytes good = w.encode(MsgType::kPing, encode(Ping{1}));
   expect_refused(patched(good, 0, {'G', 'E', 'T', ' '}), "bad magic");
   expect_refused(Bytes{'H'}, "bad magic");  // refused before a whole header arrives
-  expect_refused(patched(good, 4, {2, 0}), "version 2 not supported");
+  expect_refused(patched(good, 4, {1, 0}), "version 1 not supported");  // the version before the current one
+  expect_refused(patched(good, 4, {3, 0}), "version 3 not supported");
   expect_refused(patched(good, 6, {0, 0}), "unknown message type 0");
   expect_refused(patched(good, 6, {99, 0}), "unknown message type 99");
   expect_refused(patched(good, 8, {1, 0, 0, 0}), "unknown flags");

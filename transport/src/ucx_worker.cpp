@@ -1,5 +1,6 @@
 #include "transport/ucx_worker.hpp"
 
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -33,6 +34,14 @@ UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
 UcxWorker::UcxWorker(const Options& options) {
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  for (const auto& [name, value] : options.ucx_config) {
+    if (std::getenv(("UCX_" + name).c_str()) != nullptr) continue;
+    const ucs_status_t modified = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (modified != UCS_OK) {
+      ucp_config_release(config);
+      check_ucs(modified, ("ucp_config_modify " + name).c_str());
+    }
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE | UCP_PARAM_FIELD_REQUEST_INIT |

@@ -74,8 +74,14 @@ class OffloadClient {
     // A worker to receive batches on, shared with other clients (its thread
     // rules apply); null: the client makes its own. Lease ids must then be
     // unique across all the clients sharing it, as they are the UCX tags.
+    // Make a shared one with make_worker().
     std::shared_ptr<transport::UcxWorker> worker;
   };
+
+  // Rendezvous by put: the daemon writes each batch into the posted buffer
+  // (cma on one host, RDMA write across hosts), so the trainer's cores do not
+  // copy batches; with UCX's default (get) the receiver would.
+  static std::shared_ptr<transport::UcxWorker> make_worker();
 
   // Connects to host:port and authenticates with `token`. Throws kPeerDead
   // when nobody answers, kInvalidArgument when the daemon refuses the token,
@@ -105,6 +111,10 @@ class OffloadClient {
   std::optional<Completion> poll();
   // Waits up to `timeout` for a completion.
   std::optional<Completion> wait(std::chrono::milliseconds timeout);
+  // To sleep on several clients at once (one poll(2) over all their fds):
+  // arms this client's worker and gives the fds that wake it, or nothing
+  // when something is waiting already (call poll() then, without sleeping).
+  std::vector<int> wake_fds();
   // The daemon's counters (a round trip; completions arriving meanwhile are kept).
   protocol::Stats stats();
   // A round trip to the daemon; throws kPeerDead if it is gone.

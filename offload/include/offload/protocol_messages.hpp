@@ -37,6 +37,7 @@ inline constexpr std::size_t kMaxSpec = 64 * 1024;    // transform spec JSON
 inline constexpr std::size_t kMaxAddress = 64 * 1024; // UCX worker address
 inline constexpr std::size_t kMaxText = 4096;         // error messages, skip reasons
 inline constexpr std::uint32_t kMaxBatch = 1u << 20;  // samples per batch
+inline constexpr std::size_t kMaxPython = 15u << 20;  // a pickled Dataset + collate_fn (the frame holds 16 MiB)
 
 struct Challenge {
   static constexpr MsgType kType = MsgType::kChallenge;
@@ -60,8 +61,10 @@ struct Welcome {
 struct Configure {
   static constexpr MsgType kType = MsgType::kConfigure;
   Bytes worker_address;       // the client's UCX worker: batches are sent there
-  std::string source;         // an image folder or a record file, as the daemon sees it
-  std::string transform;      // TransformSpec JSON (its "on_error" is the error policy)
+  std::string host;           // the client's host_identity(): equal to the daemon's means shared memory
+  std::string source;         // native: an image folder or a record file, as the daemon sees it
+  std::string transform;      // native: TransformSpec JSON (its "on_error" is the error policy)
+  Bytes python;               // non-empty: the generic Python path (dlop.data._python_job), source and transform unused
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;  // the most samples a PRODUCE may ask for
 };

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "socket.hpp"
 #include "transport/ucx_worker.hpp"
@@ -43,6 +44,12 @@ struct OffloadClient::Lease {
   }
 };
 
+std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
+  transport::UcxWorker::Options o;
+  o.ucx_config = {{"RNDV_SCHEME", "put_zcopy"}};
+  return std::make_shared<transport::UcxWorker>(o);
+}
+
 OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::string token)
     : OffloadClient(host, port, std::move(token), Options{}) {}
 
@@ -51,7 +58,7 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
       token_(std::move(token)),
       options_(std::move(options)),
       socket_(std::make_unique<Socket>()) {
-  if (!options_.worker) options_.worker = std::make_shared<transport::UcxWorker>();
+  if (!options_.worker) options_.worker = make_worker();
   socket_->fd = net::connect_tcp(host, port, options_.timeout);
   handshake();
 }
@@ -228,6 +235,7 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   protocol::Configure m;
   const transport::Bytes address = options_.worker->address();
   m.worker_address.assign(address.begin(), address.end());
+  m.host = host_identity();
   m.source = config.source;
   m.transform = config.transform_json;
   m.seed = config.seed;
@@ -332,6 +340,11 @@ void OffloadClient::collect() {
     ready_.push_back(std::move(c));
     it = leases_.erase(it);
   }
+}
+
+std::vector<int> OffloadClient::wake_fds() {
+  if (failure_ || !ready_.empty() || progress_worker() || !options_.worker->arm()) return {};
+  return {socket_->fd.get(), options_.worker->event_fd()};
 }
 
 std::optional<Completion> OffloadClient::poll() { return wait(std::chrono::milliseconds(0)); }

@@ -3,6 +3,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "server.hpp"
 
@@ -96,7 +97,7 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     std::shared_ptr<const Source> source = open_source_cached(m.source);
     layout.dataset_size = source->size();
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
-    const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer);
+    const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
     c.endpoint = endpoint;
     c.dataset = std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), m.seed, m.batch_size, layout});
     log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}", c.id, m.source,

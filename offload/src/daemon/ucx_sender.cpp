@@ -8,7 +8,20 @@
 
 namespace dlop::offload::daemon {
 
-UcxSender::UcxSender() = default;
+namespace {
+
+// The sender's side of the put rendezvous that OffloadClient::make_worker
+// asks for: UCX 1.13 chooses the scheme where the send starts, so the daemon
+// needs it too for the batch to be written into the trainer's buffer.
+transport::UcxWorker::Options sender_options() {
+  transport::UcxWorker::Options o;
+  o.ucx_config = {{"RNDV_SCHEME", "put_zcopy"}};
+  return o;
+}
+
+}  // namespace
+
+UcxSender::UcxSender() : worker_(sender_options()) {}
 
 UcxSender::~UcxSender() {
   for (auto& [id, e] : endpoints_) close_ep(e->ep);
@@ -29,22 +42,37 @@ UcxSender::~UcxSender() {
   }
 }
 
-UcxSender::EndpointId UcxSender::connect(const protocol::Bytes& worker_address, const std::string& peer) {
+UcxSender::EndpointId UcxSender::connect(const protocol::Bytes& worker_address, const std::string& peer,
+                                         bool same_host) {
   auto e = std::make_unique<Endpoint>();
-  e->owner = this;
   e->id = next_id_++;
   e->peer = peer;
   ucp_ep_params_t params{};
   params.field_mask =
       UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  // On one host, mode NONE keeps shared memory: with the put rendezvous this
+  // daemon writes the batch into the trainer's buffer by cma and the
+  // trainer's cores copy nothing. Peer mode would force loopback TCP, whose
+  // receive copies on the trainer. A dead client still fails the send through
+  // the error handler; a dead daemon is seen by the client on the control
+  // connection.
+  params.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxSender::on_ep_error;
-  params.err_handler.arg = e.get();
+  // UCX 1.13 may call the handler even after a forced close has completed,
+  // so it gets the sender (which outlives its worker) and looks the endpoint up.
+  params.err_handler.arg = this;
   // UCX parses the address we were given; it came from an authenticated
   // client, but a garbled one must still only fail this connection.
   transport::check_ucs(ucp_ep_create(worker_.get(), &params, &e->ep), "ucp_ep_create (client's worker address)");
-  wire_up(*e);
+  connecting_ = e.get();
+  try {
+    wire_up(*e);
+  } catch (...) {
+    connecting_ = nullptr;
+    throw;
+  }
+  connecting_ = nullptr;
   const EndpointId id = e->id;
   endpoints_.emplace(id, std::move(e));
   return id;
@@ -88,10 +116,19 @@ void UcxSender::disconnect(EndpointId id) {
   endpoints_.erase(it);
 }
 
-void UcxSender::on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
-  auto* e = static_cast<Endpoint*>(arg);
-  e->failure = ucs_status_string(status);
-  log().warn("offloader: UCX endpoint to {} failed: {}", e->peer, e->failure);
+void UcxSender::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<UcxSender*>(arg);
+  for (auto& [id, e] : self->endpoints_) {
+    if (e->ep != ep) continue;
+    e->failure = ucs_status_string(status);
+    log().warn("offloader: UCX endpoint to {} failed: {}", e->peer, e->failure);
+    return;
+  }
+  if (self->connecting_ != nullptr && self->connecting_->ep == ep) {
+    self->connecting_->failure = ucs_status_string(status);
+    return;
+  }
+  log().debug("offloader: a closed UCX endpoint reported: {}", ucs_status_string(status));
 }
 
 void UcxSender::on_send(void* request, ucs_status_t status, void* user_data) {

@@ -33,7 +33,7 @@ class UcxSender {
   // An endpoint to a client's worker, in peer error mode: the client may be
   // on another host, and its death must fail our sends rather than hang them.
   // Throws dlop::Error(kTransport) when UCX refuses the address.
-  EndpointId connect(const protocol::Bytes& worker_address, const std::string& peer);
+  EndpointId connect(const protocol::Bytes& worker_address, const std::string& peer, bool same_host);
   // Force-closes the endpoint: its pending sends complete with an error.
   void disconnect(EndpointId id);
 
@@ -49,7 +49,6 @@ class UcxSender {
 
  private:
   struct Endpoint {
-    UcxSender* owner = nullptr;
     EndpointId id = 0;
     std::string peer;
     ucp_ep_h ep = nullptr;
@@ -65,11 +64,14 @@ class UcxSender {
   void wire_up(Endpoint& e);
   void close_ep(ucp_ep_h ep);
 
-  transport::UcxWorker worker_;
   EndpointId next_id_ = 1;
   std::map<EndpointId, std::unique_ptr<Endpoint>> endpoints_;
+  Endpoint* connecting_ = nullptr;  // in wire_up, not yet in endpoints_
   std::vector<std::unique_ptr<SendOp>> finished_;  // completed, callbacks not yet run
   std::vector<void*> closing_;                     // ep close requests in flight
+  // Last, so destroyed first: UCX may call on_ep_error while the worker goes,
+  // and that looks at endpoints_.
+  transport::UcxWorker worker_;
 };
 
 }  // namespace dlop::offload::daemon

@@ -5,6 +5,7 @@
 // one is a duplicate and its buffer goes straight back to the pool.
 #include "offload/lease_manager.hpp"
 
+#include <poll.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -241,10 +242,12 @@ struct LeaseManager::Impl {
     }
   }
 
-  // Reads every completion that arrived; waits briefly on one daemon if none had any.
+  // Reads every completion that arrived; if none had any, sleeps until one
+  // of the busy daemons has something (one poll over all of them: a short
+  // timeout per daemon would wake the trainer many times per batch).
   void pump() {
     bool got = false;
-    std::optional<std::size_t> busy;
+    std::vector<std::size_t> busy;
     for (std::size_t i = 0; i < daemons.size(); ++i) {
       if (daemons[i].dead) continue;
       try {
@@ -252,21 +255,25 @@ struct LeaseManager::Impl {
           on_completion(i, std::move(*c));
           got = true;
         }
-        if (!daemons[i].dead && daemons[i].client->in_flight() > 0) busy = i;
+        if (!daemons[i].dead && daemons[i].client->in_flight() > 0) busy.push_back(i);
       } catch (const Error& e) {
         if (e.code() != Errc::kPeerDead) throw;
         on_dead(i);
         got = true;
       }
     }
-    if (got || !busy) return;
-    try {
-      if (auto c = daemons[*busy].client->wait(std::chrono::milliseconds(2))) on_completion(*busy, std::move(*c));
-    } catch (const Error& e) {
-      if (e.code() != Errc::kPeerDead) throw;
-      on_dead(*busy);
+    if (got || busy.empty()) return;
+    std::vector<pollfd> fds;
+    for (const std::size_t i : busy) {
+      const std::vector<int> wake = daemons[i].client->wake_fds();
+      if (wake.empty()) return;  // something arrived meanwhile: the next pump reads it
+      for (const int fd : wake) fds.push_back({fd, POLLIN, 0});
     }
+    // Bounded, so lease timeouts and new daemons are still looked at.
+    ::poll(fds.data(), fds.size(), kSleepMs);
   }
+
+  static constexpr int kSleepMs = 50;
 };
 
 LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>()) {

@@ -71,8 +71,10 @@ Welcome decode<Welcome>(std::span<const std::uint8_t> p) {
 Bytes encode(const Configure& m) {
   return build([&](Writer& w) {
     w.bytes(m.worker_address);
+    w.str(m.host);
     w.str(m.source);
     w.str(m.transform);
+    w.bytes(m.python);
     w.u64(m.seed);
     w.u32(m.batch_size);
   });
@@ -84,8 +86,11 @@ Configure decode<Configure>(std::span<const std::uint8_t> p) {
   Configure m;
   const auto address = r.bytes(kMaxAddress);
   m.worker_address.assign(address.begin(), address.end());
+  m.host = r.str(kMaxName);
   m.source = r.str(kMaxPath);
   m.transform = r.str(kMaxSpec);
+  const auto python = r.bytes(kMaxPython);
+  m.python.assign(python.begin(), python.end());
   m.seed = r.u64();
   m.batch_size = r.u32();
   r.finish("CONFIGURE");

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "transport/store.hpp"
 
@@ -20,6 +22,9 @@ class UcxWorker {
     // Ask for UCP_FEATURE_WAKEUP so that wait_for_events() can sleep on an
     // event fd. Transports without wake-up support are then left out.
     bool wakeup = true;
+    // UCX settings for this context only (name without "UCX_", value), as
+    // ucp_config_modify takes them; a UCX_<name> in the environment wins.
+    std::vector<std::pair<std::string, std::string>> ucx_config;
   };
 
   UcxWorker();

@@ -4,7 +4,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
 
 #include <cstring>
 
@@ -205,11 +204,13 @@ void bind_sources(py::module_& m) {
           },
           py::arg("index"), "the sample's encoded bytes");
   m.def(
-      "open_source", [](const std::filesystem::path& p) { return std::shared_ptr<Source>(open_source(p)); },
+      // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
+      // pybind11 without stl/filesystem.h.
+      "open_source", [](const std::string& p) { return std::shared_ptr<Source>(open_source(p)); },
       py::arg("path"), "a folder opens as ImageFolder (torchvision's order and labels), a file as a record file");
   m.def(
       "pack",
-      [](const std::filesystem::path& root, const std::filesystem::path& out) {
+      [](const std::string& root, const std::string& out) {
         PackStats s;
         {
           py::gil_scoped_release release;

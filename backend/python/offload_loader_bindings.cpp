@@ -47,11 +47,16 @@ Cursor dict_cursor(const py::dict& d) {
 }
 
 // (position, images, labels, slot, skipped): images and labels view the slot.
+// The Python path: (position, blob, None, slot, skipped), blob a uint8 view.
 py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
   const BatchLayout& l = m->layout();
   // The capsule holds a reference to the manager so the buffer outlives it.
   auto* keep = new std::shared_ptr<LeaseManager>(m);
   py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<LeaseManager>*>(p); });
+  if (l.dtype == protocol::Dtype::kPythonBlob) {
+    py::array_t<std::uint8_t> blob({static_cast<py::ssize_t>(b.bytes)}, reinterpret_cast<std::uint8_t*>(b.images), base);
+    return py::make_tuple(b.position, blob, py::none(), b.slot, b.skipped);
+  }
   const std::vector<py::ssize_t> dims{static_cast<py::ssize_t>(b.count), static_cast<py::ssize_t>(l.channels),
                                       static_cast<py::ssize_t>(l.height), static_cast<py::ssize_t>(l.width)};
   py::array images = l.dtype == protocol::Dtype::kUint8
@@ -83,9 +88,11 @@ void bind_offload_loader(py::module_& root) {
       .def(py::init([](const std::string& source, const std::string& transform, std::uint64_t seed,
                        std::uint32_t batch_size, const std::string& token, bool shuffle, bool drop_last,
                        std::uint32_t rank, std::uint32_t world, std::size_t prefetch, std::size_t per_daemon,
-                       double lease_timeout, double no_daemon_timeout, double connect_timeout) {
+                       double lease_timeout, double no_daemon_timeout, double connect_timeout,
+                       const py::bytes& python) {
              LeaseOptions o;
-             o.config = {source, transform, seed, batch_size};
+             const std::string job = python;
+             o.config = {source, transform, seed, batch_size, std::vector<std::uint8_t>(job.begin(), job.end())};
              o.token = token;
              o.shuffle = shuffle;
              o.drop_last = drop_last;
@@ -102,7 +109,7 @@ void bind_offload_loader(py::module_& root) {
            py::arg("source"), py::arg("transform"), py::arg("seed"), py::arg("batch_size"), py::arg("token"),
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
            py::arg("prefetch") = 4, py::arg("per_daemon") = 2, py::arg("lease_timeout") = 30.0,
-           py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0)
+           py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0, py::arg("python") = py::bytes())
       .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("live_daemons", &LeaseManager::live_daemons)

@@ -90,6 +90,9 @@ struct Batch {
   std::uint64_t position = 0;  // the batch id: its index in this rank's epoch
   std::uint32_t count = 0;
   std::size_t slot = 0;  // the pool buffer, for release()
+  std::size_t bytes = 0;  // written into it
+  // Native: the layout's images and labels. The Python path: `images` is the
+  // batch blob (dlop.data._python_job) of `bytes`, `labels` null.
   std::byte* images = nullptr;
   std::int64_t* labels = nullptr;
   std::vector<std::uint64_t> indices;  // the samples asked for

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +44,9 @@ struct OffloadConfig {
   std::string transform_json;  // a TransformSpec (see spec.hpp); its "on_error" is the error policy
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;
+  // Non-empty: the generic Python path, a pickled Dataset + collate_fn
+  // (dlop.data._python_job.encode_job); source and transform_json unused.
+  std::vector<std::uint8_t> python;
 };
 
 // Where things lie in a batch buffer (see protocol::Configured): images
@@ -103,6 +107,13 @@ class OffloadClient {
   // completion is returned, or a call threw kPeerDead.
   void produce(std::uint64_t lease, std::uint64_t epoch, std::uint64_t batch, std::span<const std::uint64_t> indices,
                void* buffer, std::size_t capacity);
+  // The generic Python path (layout().dtype == kPythonBlob): a batch's size
+  // is known once its BATCH_READY arrives; `buffer_for(bytes)` is called then
+  // (from poll/wait) and gives the memory it is received into, which is the
+  // daemon's until the completion, as above.
+  using BufferFor = std::function<void*(std::size_t bytes)>;
+  void produce(std::uint64_t lease, std::uint64_t epoch, std::uint64_t batch, std::span<const std::uint64_t> indices,
+               BufferFor buffer_for);
   // Asks the daemon to drop a lease; it still completes (kCanceled, or
   // kReady/kFailed when its answer was already on the way).
   void cancel(std::uint64_t lease);
@@ -136,6 +147,7 @@ class OffloadClient {
   // handles every frame; returns the frames that are not lease answers.
   std::vector<protocol::Frame> pump(std::chrono::milliseconds timeout);
   protocol::Frame await(protocol::MsgType type, const char* what);
+  void post_receive(Lease& lease, void* buffer, std::size_t bytes);
   void on_answer(const protocol::Frame& frame);
   void collect();
   [[noreturn]] void fail(Errc code, const std::string& why);

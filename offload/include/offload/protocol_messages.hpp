@@ -69,7 +69,11 @@ struct Configure {
   std::uint32_t batch_size = 0;  // the most samples a PRODUCE may ask for
 };
 
-enum class Dtype : std::uint8_t { kFloat32 = 0, kUint8 = 1 };
+// kPythonBlob: the generic Python path. Batches are blobs of varying size
+// (dlop.data._python_job) and every size field of the layout is 0; BATCH_READY
+// comes before the data and gives its size, and the client posts its receive
+// then.
+enum class Dtype : std::uint8_t { kFloat32 = 0, kUint8 = 1, kPythonBlob = 2 };
 
 // The layout of one batch in the client's buffer: images (count x C x H x W
 // of dtype) from offset 0, labels (count int64) from labels_offset, where

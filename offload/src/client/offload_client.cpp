@@ -33,6 +33,7 @@ struct OffloadClient::Lease {
   std::size_t recv_bytes = 0;
   std::uint32_t asked = 0;  // indices in the PRODUCE
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
+  BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
 
   static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
     auto* lease = static_cast<Lease*>(user);
@@ -238,6 +239,7 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   m.host = host_identity();
   m.source = config.source;
   m.transform = config.transform_json;
+  m.python = config.python;
   m.seed = config.seed;
   m.batch_size = config.batch_size;
   send(MsgType::kConfigure, protocol::encode(m));
@@ -247,7 +249,10 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
     throw_error(Errc::kInvalidArgument, "dlop-offloader at " + address_ + " refused the configuration: " + e.message);
   }
   const auto configured = protocol::decode<protocol::Configured>(answer.payload);
-  if (configured.batch_bytes < configured.labels_offset + std::uint64_t{config.batch_size} * 8) {
+  if ((configured.dtype == protocol::Dtype::kPythonBlob) != !config.python.empty()) {
+    fail(Errc::kProtocol, "CONFIGURED for the other path (native or Python) than asked");
+  }
+  if (configured.dtype != protocol::Dtype::kPythonBlob && configured.batch_bytes < configured.labels_offset + std::uint64_t{config.batch_size} * 8) {
     fail(Errc::kProtocol, "CONFIGURED layout too small for the batch size");
   }
   layout_ = configured;
@@ -265,22 +270,47 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
     throw_error(Errc::kInvalidArgument, "buffer of " + std::to_string(capacity) + " bytes for batches of " +
                                             std::to_string(l.batch_bytes));
   }
+  if (l.dtype == protocol::Dtype::kPythonBlob) {
+    throw_error(Errc::kInvalidArgument, "the Python path's batches vary in size: produce with a BufferFor");
+  }
   auto state = std::make_unique<Lease>();
   state->id = lease;
   state->batch = batch;
   state->asked = static_cast<std::uint32_t>(indices.size());
-  ucp_request_param_t params{};
-  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  params.cb.recv = &Lease::on_recv;
-  params.user_data = state.get();
   // Post before asking, so the batch finds its buffer (no unexpected-message copy).
-  const ucs_status_ptr_t r =
-      ucp_tag_recv_nbx(options_.worker->get(), buffer, l.batch_bytes, lease, ~ucp_tag_t{0}, &params);
-  if (UCS_PTR_IS_ERR(r)) transport::check_ucs(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx");
-  state->request = r;
+  post_receive(*state, buffer, l.batch_bytes);
   leases_.emplace(lease, std::move(state));
   protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end())};
   send(MsgType::kProduce, protocol::encode(m));
+}
+
+void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint64_t batch,
+                            std::span<const std::uint64_t> indices, BufferFor buffer_for) {
+  if (failure_) throw *failure_;
+  if (layout().dtype != protocol::Dtype::kPythonBlob) {
+    throw_error(Errc::kInvalidArgument, "native batches have a fixed size: produce into a buffer");
+  }
+  if (lease == 0 || leases_.contains(lease)) {
+    throw_error(Errc::kInvalidArgument, "lease " + std::to_string(lease) + " is zero or already open");
+  }
+  auto state = std::make_unique<Lease>();
+  state->id = lease;
+  state->batch = batch;
+  state->asked = static_cast<std::uint32_t>(indices.size());
+  state->buffer_for = std::move(buffer_for);
+  leases_.emplace(lease, std::move(state));
+  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end())};
+  send(MsgType::kProduce, protocol::encode(m));
+}
+
+void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) {
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  params.cb.recv = &Lease::on_recv;
+  params.user_data = &lease;
+  const ucs_status_ptr_t r = ucp_tag_recv_nbx(options_.worker->get(), buffer, bytes, lease.id, ~ucp_tag_t{0}, &params);
+  if (UCS_PTR_IS_ERR(r)) transport::check_ucs(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx");
+  lease.request = r;
 }
 
 void OffloadClient::cancel(std::uint64_t lease) {
@@ -294,12 +324,29 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
   if (frame.type == MsgType::kCanceled) id = protocol::decode<protocol::Canceled>(frame.payload).lease;
   if (frame.type == MsgType::kError) id = protocol::decode<protocol::ErrorMsg>(frame.payload).lease;
   const auto it = leases_.find(id);
-  if (it == leases_.end() || it->second->answer) {
+  // The Python path's BATCH_READY comes before the data, so a send that fails
+  // after it is an ERROR for a lease that has its answer already.
+  const bool late_error = it != leases_.end() && it->second->buffer_for && it->second->answer &&
+                          it->second->answer->type == MsgType::kBatchReady && frame.type == MsgType::kError;
+  if (it == leases_.end() || (it->second->answer && !late_error)) {
     fail(Errc::kProtocol, std::string(protocol::type_name(frame.type)) + " for lease " + std::to_string(id) +
                               ", which is not open");
   }
   Lease& lease = *it->second;
   lease.answer = frame;
+  if (lease.buffer_for && !late_error) {
+    if (frame.type != MsgType::kBatchReady) {
+      lease.received = true;  // nothing was posted, nothing will come
+      return;
+    }
+    const auto ready = protocol::decode<protocol::BatchReady>(frame.payload);
+    if (ready.bytes == 0 || ready.count > lease.asked) {
+      fail(Errc::kProtocol, "BATCH_READY for lease " + std::to_string(id) + " with " + std::to_string(ready.bytes) +
+                                " bytes and " + std::to_string(ready.count) + " samples");
+    }
+    post_receive(lease, lease.buffer_for(ready.bytes), ready.bytes);
+    return;
+  }
   // No data will come for a failed or canceled lease: take the buffer back.
   if (frame.type != MsgType::kBatchReady && lease.request != nullptr) {
     ucp_request_cancel(options_.worker->get(), lease.request);
@@ -319,8 +366,9 @@ void OffloadClient::collect() {
     c.batch = lease.batch;
     if (lease.answer->type == MsgType::kBatchReady) {
       auto ready = protocol::decode<protocol::BatchReady>(lease.answer->payload);
+      const bool python = layout_->dtype == protocol::Dtype::kPythonBlob;
       if (lease.recv_status != UCS_OK || ready.bytes != lease.recv_bytes || ready.count > lease.asked ||
-          ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8) {
+          (!python && ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8)) {
         fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + ": " + std::to_string(lease.recv_bytes) +
                                   " bytes arrived (" + ucs_status_string(lease.recv_status) + "), BATCH_READY says " +
                                   std::to_string(ready.bytes));

@@ -73,7 +73,16 @@ std::vector<JobResult> Executor::take_results() {
   return std::exchange(results_, {});
 }
 
+void Executor::post(JobResult result) {
+  {
+    std::lock_guard lock(mutex_);
+    results_.push_back(std::move(result));
+  }
+  wake_();
+}
+
 void Executor::release(Staging staging) {
+  if (!staging.pooled) return;  // freed here
   {
     std::lock_guard lock(mutex_);
     if (staging.data) free_.push_back(std::move(staging));
@@ -150,7 +159,7 @@ JobResult Executor::execute(Job job, Staging& staging) {
     std::span<std::int64_t> labels(reinterpret_cast<std::int64_t*>(staging.data.get() + d.layout.labels_offset), n);
     TimedSource timed(*d.source, stats_.read);
     const auto start = Clock::now();
-    BatchResult b = d.pipeline.run_batch(timed, r.job.indices, d.seed, r.job.epoch, images, labels, &pool_);
+    BatchResult b = d.pipeline->run_batch(timed, r.job.indices, d.seed, r.job.epoch, images, labels, &pool_);
     stats_.transform.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
     stats_.samples_skipped.fetch_add(b.skipped.size(), std::memory_order_relaxed);
     r.ready.count = static_cast<std::uint32_t>(b.count);

@@ -25,8 +25,9 @@ namespace dlop::offload::daemon {
 
 // What one CONFIGURE set up; shared by the connection and its jobs.
 struct Dataset {
-  std::shared_ptr<const Source> source;
-  Pipeline pipeline;
+  std::shared_ptr<const Source> source;  // native only
+  std::optional<Pipeline> pipeline;      // native only
+  bool python = false;                   // the generic Python path: batches are blobs of varying size
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;
   protocol::Configured layout;
@@ -36,6 +37,7 @@ struct Dataset {
 struct Staging {
   std::unique_ptr<std::byte[]> data;
   std::size_t capacity = 0;
+  bool pooled = true;  // one of the Executor's (the Python path's are its own)
 };
 
 struct Job {
@@ -69,6 +71,8 @@ class Executor {
   // Removes every queued job of a closed connection.
   void drop_connection(std::uint64_t conn);
   std::vector<JobResult> take_results();
+  // Adds a result made elsewhere (the Python path) and wakes the event loop.
+  void post(JobResult result);
   // Gives back a result's staging buffer once its send is over.
   void release(Staging staging);
 

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "offload/protocol_auth.hpp"
+#include "python_workers.hpp"
 #include "server.hpp"
 #include "socket.hpp"
 #include "transport/tcp_store.hpp"
@@ -28,6 +29,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file holding the shared token (mode 600)")->required();
   app.add_option("--threads", threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  std::string python = offload::daemon::default_python();
+  bool no_python = false;
+  app.add_option("--python", python,
+                 "interpreter for the generic Python path's workers (needs dlop and torch importable)")
+      ->capture_default_str();
+  app.add_flag("--no-python", no_python,
+               "refuse the generic Python path (which runs the client's pickled Dataset as this user)");
   app.add_option("--max-connections", options.max_connections, "control connections at once")->capture_default_str();
   app.add_option("--max-leases", options.max_leases, "open leases per connection")->capture_default_str();
   std::int64_t auth_ms = options.auth_timeout.count(), frame_ms = options.frame_timeout.count();
@@ -54,6 +62,7 @@ int main(int argc, char** argv) {
     options.port = port;
     options.token = offload::protocol::read_token_file(token_file, /*strict=*/true);
     options.threads = threads;
+    options.python = no_python ? std::string() : python;
     char hostname[256] = {};
     ::gethostname(hostname, sizeof(hostname) - 1);
     options.name = std::string("dlop-offloader on ") + hostname;

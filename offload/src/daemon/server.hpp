@@ -16,6 +16,7 @@
 #include <string>
 
 #include "executor.hpp"
+#include "python_workers.hpp"
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
 #include "offload/protocol_messages.hpp"
@@ -39,6 +40,9 @@ struct ServerOptions {
   std::size_t max_connections = 256;
   std::size_t max_leases = 64;  // open leases per connection; more get ERROR(kBusy)
   std::size_t max_output = 64u << 20;  // bytes queued for a client that does not read: then closed
+  // The interpreter for the generic Python path's workers; empty: the path is
+  // refused (the token then grants running the client's code, as this user).
+  std::string python;
 };
 
 class Server {
@@ -71,6 +75,7 @@ class Server {
     std::chrono::steady_clock::time_point accepted;
     std::chrono::steady_clock::time_point partial_since{};  // a frame began; {} when none
     std::shared_ptr<const Dataset> dataset;
+    std::unique_ptr<PythonWorkers> python;  // the generic Python path's workers, killed with the connection
     std::uint64_t endpoint = 0;  // UcxSender id, 0 until CONFIGURE
     std::map<std::uint64_t, Lease> leases;
     bool closed = false;
@@ -95,10 +100,12 @@ class Server {
   void on_frame(Conn& c, protocol::Frame frame);
   void on_hello(Conn& c, const protocol::Frame& frame);
   void on_configure(Conn& c, const protocol::Configure& m);
+  void configure_python(Conn& c, const protocol::Configure& m);
   void on_produce(Conn& c, protocol::Produce m);
   void on_cancel(Conn& c, std::uint64_t lease);
   void on_results();
-  void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status);
+  void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,
+               bool announced);
   std::shared_ptr<const Source> open_source_cached(const std::string& path);
 
   ServerOptions options_;

@@ -72,6 +72,7 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
   if (c.dataset) {
     return reply(c, protocol::ErrorMsg{0, ErrorCode::kBadRequest, "already configured: open a new connection"});
   }
+  if (!m.python.empty()) return configure_python(c, m);
   try {
     Pipeline pipeline = Pipeline::from_json(m.transform);
     const std::optional<Shape> shape = pipeline.fixed_shape();
@@ -99,7 +100,8 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
     const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
     c.endpoint = endpoint;
-    c.dataset = std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), m.seed, m.batch_size, layout});
+    c.dataset =
+        std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), false, m.seed, m.batch_size, layout});
     log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}", c.id, m.source,
                layout.dataset_size, m.batch_size, layout.channels, layout.height, layout.width);
     reply(c, layout);
@@ -107,6 +109,30 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     // A bad spec, a missing source or an unusable worker address: the client
     // may try again on this connection.
     log().info("offloader: connection {}: CONFIGURE refused: {}", c.id, e.what());
+    reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+  }
+}
+
+void Server::configure_python(Conn& c, const protocol::Configure& m) {
+  try {
+    if (options_.python.empty()) {
+      throw_error(Errc::kInvalidArgument, "this dlop-offloader runs no Python (started with --no-python)");
+    }
+    const std::uint64_t conn = c.id;
+    auto workers = std::make_unique<PythonWorkers>(options_.python, options_.threads, m.python, stats_,
+                                                   [this](JobResult r) { executor_->post(std::move(r)); });
+    protocol::Configured layout;
+    layout.dataset_size = workers->dataset_size();
+    layout.dtype = protocol::Dtype::kPythonBlob;
+    const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
+    c.endpoint = endpoint;
+    c.python = std::move(workers);
+    c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, std::nullopt, true, m.seed, m.batch_size, layout});
+    log().info("offloader: connection {} configured: generic Python path, {} samples, batch {}, {} workers", conn,
+               layout.dataset_size, m.batch_size, options_.threads);
+    reply(c, layout);
+  } catch (const std::exception& e) {
+    log().info("offloader: connection {}: CONFIGURE (Python) refused: {}", c.id, e.what());
     reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
   }
 }
@@ -135,7 +161,9 @@ void Server::on_produce(Conn& c, protocol::Produce m) {
     }
   }
   c.leases.emplace(m.lease, Lease{});
-  executor_->submit(Job{c.id, m.lease, m.epoch, m.batch, std::move(m.indices), c.dataset});
+  Job job{c.id, m.lease, m.epoch, m.batch, std::move(m.indices), c.dataset};
+  if (c.python) return c.python->submit(std::move(job));
+  executor_->submit(std::move(job));
 }
 
 void Server::on_cancel(Conn& c, std::uint64_t lease) {
@@ -144,7 +172,8 @@ void Server::on_cancel(Conn& c, std::uint64_t lease) {
   // client will see that one.
   if (it == c.leases.end()) return;
   stats_.leases_canceled.fetch_add(1, std::memory_order_relaxed);
-  if (it->second.state == LeaseState::kQueued && executor_->cancel_queued(c.id, lease)) {
+  const bool dequeued = c.python ? c.python->cancel_queued(lease) : executor_->cancel_queued(c.id, lease);
+  if (it->second.state == LeaseState::kQueued && dequeued) {
     c.leases.erase(it);
     return reply(c, protocol::Canceled{lease});
   }
@@ -169,22 +198,27 @@ void Server::on_results() {
       continue;
     }
     li->second.state = LeaseState::kSending;
+    // A Python batch's size is known only now: BATCH_READY goes first, and the
+    // client posts its receive for that many bytes (see OffloadClient).
+    const bool announce = r.job.dataset->python;
+    if (announce) reply(*c, r.ready);
     // The buffer rides with the callback, which gives it back when UCX is done with it.
     auto staging = std::make_shared<Staging>(std::move(r.staging));
     const std::byte* data = staging->data.get();
     ++sends_in_flight_;
     sender_->send(c->endpoint, data, r.bytes, r.job.lease,
                  [this, staging, conn = c->id, lease = r.job.lease, ready = std::move(r.ready),
-                  start = Clock::now()](ucs_status_t status) mutable {
+                  start = Clock::now(), announce](ucs_status_t status) mutable {
                    --sends_in_flight_;
                    if (status == UCS_OK) stats_.send.add(1, Clock::now() - start, ready.bytes);
                    if (executor_) executor_->release(std::move(*staging));
-                   on_sent(conn, lease, std::move(ready), status);
+                   on_sent(conn, lease, std::move(ready), status, announce);
                  });
   }
 }
 
-void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status) {
+void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,
+                     bool announced) {
   const auto ci = conns_.find(conn);
   if (ci == conns_.end() || ci->second->closed) return;
   Conn& c = *ci->second;
@@ -197,8 +231,9 @@ void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchRea
     return reply(c, protocol::ErrorMsg{lease, ErrorCode::kInternal,
                                        std::string("sending the batch over UCX failed: ") + ucs_status_string(status)});
   }
+  stats_.batches_ready.fetch_add(canceled ? 0 : 1, std::memory_order_relaxed);
+  if (announced) return;  // BATCH_READY went before the data; a cancel came too late to matter
   if (canceled) return reply(c, protocol::Canceled{lease});
-  stats_.batches_ready.fetch_add(1, std::memory_order_relaxed);
   reply(c, ready);
 }
 

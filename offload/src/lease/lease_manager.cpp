@@ -53,7 +53,13 @@ struct LeaseManager::Impl {
   std::optional<BatchLayout> layout;
   EpochPlan plan;
   std::vector<Daemon> daemons;
-  std::vector<std::byte*> slots;  // the pool, allocated once the layout is known
+  struct Slot {
+    std::byte* data = nullptr;
+    std::size_t capacity = 0;
+  };
+  // The pool, allocated once the layout is known; the Python path's slots
+  // start empty and grow to the largest batch they were asked to hold.
+  std::vector<Slot> slots;
   std::vector<bool> slot_free;
   std::map<std::uint64_t, Lease> leases;
   std::uint64_t epoch = 0, generation = 0, next = 0, next_lease = 1;
@@ -64,24 +70,46 @@ struct LeaseManager::Impl {
 
   ~Impl() {
     daemons.clear();  // each client waits until no buffer of ours can be written
-    for (auto* p : slots) {
-      ::munlock(p, layout->batch_bytes);
-      std::free(p);
+    for (Slot& s : slots) free_slot_memory(s);
+  }
+
+  static void free_slot_memory(Slot& s) {
+    if (s.data == nullptr) return;
+    ::munlock(s.data, s.capacity);
+    std::free(s.data);
+    s = Slot{};
+  }
+
+  static void allocate(Slot& s, std::size_t bytes) {
+    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
+    if (p == nullptr) throw_error(Errc::kSystem, "LeaseManager: cannot allocate a " + std::to_string(bytes) + " byte batch buffer");
+    // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
+    if (::mlock(p, bytes) != 0) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
+    s = Slot{p, bytes};
+  }
+
+  bool python() const { return layout->dtype == protocol::Dtype::kPythonBlob; }
+
+  void allocate_pool() {
+    // The consumer holds up to two yielded batches (the one it works on and
+    // the one it just asked for) besides the window.
+    slots.resize(opt.prefetch + 2);
+    slot_free.assign(slots.size(), true);
+    if (!python()) {
+      for (Slot& s : slots) allocate(s, layout->batch_bytes);
     }
   }
 
-  void allocate_pool() {
-    const std::size_t bytes = (layout->batch_bytes + kAlign - 1) / kAlign * kAlign;
-    // The consumer holds up to two yielded batches (the one it works on and
-    // the one it just asked for) besides the window.
-    for (std::size_t i = 0; i < opt.prefetch + 2; ++i) {
-      auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-      if (p == nullptr) throw_error(Errc::kSystem, "LeaseManager: cannot allocate the buffer pool");
-      // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
-      if (::mlock(p, bytes) != 0) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
-      slots.push_back(p);
-      slot_free.push_back(true);
+  // A Python batch's buffer, once its size is known (the slot is leased, so
+  // nothing else uses it).
+  void* grow(std::size_t slot, std::size_t bytes) {
+    Slot& s = slots[slot];
+    if (s.capacity < bytes) {
+      free_slot_memory(s);
+      allocate(s, bytes);
     }
+    return s.data;
   }
 
   void build() {
@@ -167,7 +195,12 @@ struct LeaseManager::Impl {
       if (!d || !slot) return;
       const std::uint64_t id = next_lease++;
       try {
-        daemons[*d].client->produce(id, epoch, pos, batches[pos], slots[*slot], layout->batch_bytes);
+        if (python()) {
+          daemons[*d].client->produce(id, epoch, pos, batches[pos],
+                                      [this, slot = *slot](std::size_t bytes) { return grow(slot, bytes); });
+        } else {
+          daemons[*d].client->produce(id, epoch, pos, batches[pos], slots[*slot].data, layout->batch_bytes);
+        }
       } catch (const Error& e) {
         if (e.code() != Errc::kPeerDead) throw;
         on_dead(*d);
@@ -296,8 +329,8 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   const BatchLayout& got = client->configure(m.opt.config);
   if (m.layout) {
     const auto& l = *m.layout;
-    if (got.dataset_size != l.dataset_size || got.batch_bytes != l.batch_bytes || got.sample_bytes != l.sample_bytes ||
-        got.labels_offset != l.labels_offset) {
+    if (got.dataset_size != l.dataset_size || got.dtype != l.dtype || got.batch_bytes != l.batch_bytes ||
+        got.sample_bytes != l.sample_bytes || got.labels_offset != l.labels_offset) {
       throw_error(Errc::kInvalidArgument, "offload: daemon " + client->address() +
                                               " sees another dataset or layout than the other daemons");
     }
@@ -329,8 +362,9 @@ std::optional<Batch> LeaseManager::next() {
       b.position = m.next++;
       b.count = p.done.count;
       b.slot = p.slot;
-      b.images = m.slots[p.slot];
-      b.labels = reinterpret_cast<std::int64_t*>(m.slots[p.slot] + m.layout->labels_offset);
+      b.bytes = p.done.bytes;
+      b.images = m.slots[p.slot].data;
+      b.labels = m.python() ? nullptr : reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->labels_offset);
       b.indices = m.batches[b.position];
       for (const auto& s : p.done.skipped) b.skipped.push_back(s.index);
       return b;

@@ -123,12 +123,19 @@ Configured decode<Configured>(std::span<const std::uint8_t> p) {
   m.height = r.u32();
   m.width = r.u32();
   const std::uint8_t dtype = r.u8();
-  if (dtype > 1) bad("CONFIGURED with unknown dtype " + std::to_string(dtype));
+  if (dtype > 2) bad("CONFIGURED with unknown dtype " + std::to_string(dtype));
   m.dtype = Dtype{dtype};
   m.sample_bytes = r.u64();
   m.labels_offset = r.u64();
   m.batch_bytes = r.u64();
   r.finish("CONFIGURED");
+  if (m.dtype == Dtype::kPythonBlob) {
+    if (m.channels != 0 || m.height != 0 || m.width != 0 || m.sample_bytes != 0 || m.labels_offset != 0 ||
+        m.batch_bytes != 0) {
+      bad("CONFIGURED for the Python path with a batch layout");
+    }
+    return m;
+  }
   // The client sizes buffers from these: they must describe one layout.
   const std::uint64_t elem = m.dtype == Dtype::kUint8 ? 1 : 4;
   if (m.channels == 0 || m.height == 0 || m.width == 0 || m.channels > 4 || m.height > 65536 || m.width > 65536 ||

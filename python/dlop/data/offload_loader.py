@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from dlop import _C
+from dlop.data import _python_job
 
 _native = _C.offload
 
@@ -52,8 +53,30 @@ def _worker_batch(indices: list[int], seed: int, epoch: int):
     return images, labels
 
 
+def _python_worker_init(dataset, collate_fn) -> None:
+    if collate_fn is None:
+        from torch.utils.data import default_collate
+        collate_fn = default_collate
+    torch.set_num_threads(1)
+    _worker_state["dataset"] = dataset
+    _worker_state["collate_fn"] = collate_fn
+
+
+def _python_worker_batch(indices: list[int], seed: int, epoch: int) -> bytes:
+    batch = _python_job.make_batch(_worker_state["dataset"], _worker_state["collate_fn"], seed, epoch, indices)
+    return _python_job.encode_batch(batch)
+
+
 class OffloadLoader:
     """Yields ``(images, labels)`` torch tensors for this rank, one epoch per iteration.
+
+    Native: ``source`` (an image folder or record file) and ``transform`` (a
+    transform spec) run in C++ on the daemons. Generic Python path:
+    ``dataset`` (any picklable map-style Dataset) and ``collate_fn`` (None:
+    torch's default_collate) run in the daemons' Python workers, and each
+    iteration yields what collate_fn returns. Random transforms in the
+    dataset draw from torch, random and numpy seeded per batch from (seed,
+    epoch, its indices), so a batch is the same wherever it is made.
 
     With offloaders the tensors view a pooled (page-locked where allowed)
     buffer without a copy; it is reused once the next batch is asked for, so
@@ -62,9 +85,9 @@ class OffloadLoader:
 
     def __init__(
         self,
-        source: str | os.PathLike,
-        transform: str | dict,
-        batch_size: int,
+        source: str | os.PathLike | None = None,
+        transform: str | dict | None = None,
+        batch_size: int = 1,
         shuffle: bool = True,
         seed: int = 0,
         offloaders: Sequence[str] = (),
@@ -75,10 +98,23 @@ class OffloadLoader:
         lease_timeout: float = 30.0,
         no_daemon_timeout: float = 10.0,
         connect_timeout: float = 5.0,
+        dataset: Any = None,
+        collate_fn: Any = None,
     ) -> None:
-        self.source = os.fspath(source)
-        self.transform = transform if isinstance(transform, str) else json.dumps(transform)
-        _native.Pipeline(self.transform)  # a bad spec fails here, not in a daemon
+        if (dataset is None) == (source is None):
+            raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
+        self.dataset, self.collate_fn, self._job = dataset, collate_fn, b""
+        if dataset is not None:
+            self.source, self.transform = "", ""
+            self._job = _python_job.encode_job(dataset, collate_fn)  # ValueError when it does not pickle
+            self._dataset_size = len(dataset)
+        else:
+            if transform is None:
+                raise ValueError("OffloadLoader: a native source needs a transform spec")
+            self.source = os.fspath(source)
+            self.transform = transform if isinstance(transform, str) else json.dumps(transform)
+            _native.Pipeline(self.transform)  # a bad spec fails here, not in a daemon
+            self._dataset_size = None
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -89,7 +125,6 @@ class OffloadLoader:
         self._resume: dict | None = None
         self._position = 0
         self._manager = None
-        self._dataset_size: int | None = None
         if token is None:
             token = os.environ.get("DLOP_OFFLOAD_TOKEN", "")
         reasons = []
@@ -100,7 +135,7 @@ class OffloadLoader:
                         self.source, self.transform, self.seed, self.batch_size, token,
                         shuffle=self.shuffle, drop_last=self.drop_last, rank=self.rank, world=self.world,
                         prefetch=prefetch, lease_timeout=lease_timeout, no_daemon_timeout=no_daemon_timeout,
-                        connect_timeout=connect_timeout,
+                        connect_timeout=connect_timeout, python=self._job,
                     )
                 self._manager.add_daemon(*_split(address))
             except RuntimeError as e:
@@ -109,6 +144,9 @@ class OffloadLoader:
             self._manager = None
         if self._manager is None:
             self._warn_fallback("; ".join(reasons) or "no offloaders were given")
+        elif self._manager.dataset_size != (self._dataset_size or self._manager.dataset_size):
+            raise ValueError(f"the offloaders see {self._manager.dataset_size} samples, the dataset here has "
+                             f"{self._dataset_size}")
         else:
             self._dataset_size = self._manager.dataset_size
 
@@ -196,7 +234,10 @@ class OffloadLoader:
                     return
                 position, images, labels, held, _skipped = got
                 self._position = position + 1
-                yield torch.from_numpy(images), torch.from_numpy(labels)
+                if labels is None:  # the Python path: images is the batch blob
+                    yield _python_job.decode_batch(images)
+                else:
+                    yield torch.from_numpy(images), torch.from_numpy(labels)
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
@@ -211,7 +252,8 @@ class OffloadLoader:
             # user's script, which need not guard its top level with __main__.
             max_workers=max(1, self.workers),
             mp_context=mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn"),
-            initializer=_worker_init, initargs=(self.source, self.transform),
+            initializer=_python_worker_init if self.dataset is not None else _worker_init,
+            initargs=(self.dataset, self.collate_fn) if self.dataset is not None else (self.source, self.transform),
         ) as pool:
             # A bounded window of batches in flight, as with offloaders: memory
             # stays bounded whatever the epoch's length.
@@ -219,7 +261,11 @@ class OffloadLoader:
             todo = iter(batches)
             for k in range(len(batches)):
                 while len(window) < 2 * max(1, self.workers) and (b := next(todo, None)) is not None:
-                    window.append(pool.submit(_worker_batch, b, self.seed, self._epoch))
-                images, labels = window.popleft().result()
+                    work = _python_worker_batch if self.dataset is not None else _worker_batch
+                    window.append(pool.submit(work, b, self.seed, self._epoch))
+                got = window.popleft().result()
                 self._position = start + k + 1
-                yield torch.from_numpy(images), torch.from_numpy(labels)
+                if self.dataset is not None:
+                    yield _python_job.decode_batch(bytearray(got))
+                else:
+                    yield torch.from_numpy(got[0]), torch.from_numpy(got[1])

@@ -18,7 +18,7 @@ def pack(root: str, out: str) -> dict:
     """Writes `out` from the folder `root`; returns {"records", "classes", "bytes"}."""
     from dlop._C import offload
 
-    return offload.pack(root, out)
+    return offload.pack(os.fspath(root), os.fspath(out))
 
 
 def main(argv: list[str] | None = None) -> int:

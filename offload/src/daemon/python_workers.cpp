@@ -1,0 +1,263 @@
+#include "python_workers.hpp"
+
+#include <pthread.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dlop::offload::daemon {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Largest answer a worker may send: the daemon's bound on one batch (as for
+// native batches) and on an error text.
+constexpr std::uint64_t kMaxBlob = 2ull << 30;
+constexpr std::uint32_t kMaxText = 64 * 1024;
+
+class WorkerGone : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw WorkerGone(std::string("writing to the Python worker: ") + std::strerror(errno));
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void read_all(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<std::byte*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) throw WorkerGone("the Python worker exited");
+    if (r < 0) throw WorkerGone(std::string("reading from the Python worker: ") + std::strerror(errno));
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+template <class T>
+T read_value(int fd) {
+  T v{};
+  read_all(fd, &v, sizeof(v));
+  return v;
+}
+
+// Reads an error answer's text (after its status byte).
+std::string read_text(int fd) {
+  const auto n = read_value<std::uint32_t>(fd);
+  if (n > kMaxText) throw WorkerGone("the Python worker sent an error text of " + std::to_string(n) + " bytes");
+  std::string text(n, '\0');
+  read_all(fd, text.data(), n);
+  return text;
+}
+
+pid_t spawn(const std::string& python, int child_fd) {
+  const std::string fd_arg = std::to_string(child_fd);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw_errno("fork (Python worker)");
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec. The worker dies with the
+    // daemon, so that a killed daemon leaves no orphans working.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    const char* argv[] = {python.c_str(), "-m", "dlop.data._python_worker", fd_arg.c_str(), nullptr};
+    ::execvp(python.c_str(), const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::string default_python() {
+  if (const char* p = std::getenv("DLOP_OFFLOADER_PYTHON"); p != nullptr && *p != '\0') return p;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto beside = exe.parent_path() / "python3";
+    if (::access(beside.c_str(), X_OK) == 0) return beside.string();
+  }
+  return "python3";
+}
+
+PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const protocol::Bytes& job,
+                             DaemonStats& stats, std::function<void(JobResult)> deliver)
+    : stats_(stats), deliver_(std::move(deliver)), workers_(std::max<std::size_t>(1, count)) {
+  for (Worker& w : workers_) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throw_errno("socketpair (Python worker)");
+    w.fd = net::UniqueFd(fds[0]);
+    net::UniqueFd child(fds[1]);
+    // The child's end must survive exec: clear CLOEXEC on it alone, in the
+    // parent, just for the fork (other threads do not exec).
+    ::fcntl(child.get(), F_SETFD, 0);
+    w.pid = spawn(python, child.get());
+    const std::uint64_t n = job.size();
+    try {
+      write_all(w.fd.get(), &n, sizeof(n));
+      write_all(w.fd.get(), job.data(), job.size());
+    } catch (const WorkerGone&) {
+      // Its first answer will say why (or that it is gone).
+    }
+  }
+  // The first worker's answer decides; the others are checked by their threads.
+  try {
+    if (read_value<std::uint8_t>(workers_[0].fd.get()) != 0) {
+      throw_error(Errc::kInvalidArgument, "generic Python path: " + read_text(workers_[0].fd.get()));
+    }
+    dataset_size_ = read_value<std::uint64_t>(workers_[0].fd.get());
+  } catch (const WorkerGone& e) {
+    throw_error(Errc::kInvalidArgument, std::string("generic Python path: the worker (") + python +
+                                            " -m dlop.data._python_worker) did not start: " + e.what() +
+                                            " (is dlop importable by that Python? see --python)");
+  }
+  alive_ = workers_.size();
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i].thread = std::thread([this, i] { serve(workers_[i], i == 0); });
+  }
+}
+
+PythonWorkers::~PythonWorkers() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  for (Worker& w : workers_) {
+    if (w.pid > 0) ::kill(w.pid, SIGKILL);
+    ::shutdown(w.fd.get(), SHUT_RDWR);  // a thread blocked on it returns
+  }
+  for (Worker& w : workers_) {
+    if (w.thread.joinable()) w.thread.join();
+    if (w.pid > 0) ::waitpid(w.pid, nullptr, 0);
+  }
+}
+
+void PythonWorkers::submit(Job job) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+bool PythonWorkers::cancel_queued(std::uint64_t lease) {
+  std::lock_guard lock(mutex_);
+  return std::erase_if(queue_, [&](const Job& j) { return j.lease == lease; }) > 0;
+}
+
+void PythonWorkers::serve(Worker& w, bool loaded) {
+  pthread_setname_np(pthread_self(), "dlop-python");
+  try {
+    if (!loaded) {
+      if (read_value<std::uint8_t>(w.fd.get()) != 0) throw WorkerGone(read_text(w.fd.get()));
+      (void)read_value<std::uint64_t>(w.fd.get());
+    }
+  } catch (const WorkerGone& e) {
+    log().warn("offloader: a Python worker could not load the dataset: {}", e.what());
+    std::lock_guard lock(mutex_);
+    --alive_;
+    return;  // the others serve
+  }
+  while (true) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    bool died = false;
+    JobResult r = execute(w, std::move(job), died);
+    {
+      std::lock_guard lock(mutex_);
+      if (stop_) return;
+    }
+    deliver_(std::move(r));
+    if (died) break;
+  }
+  // This worker is gone (killed, out of memory): the others go on; when none
+  // is left, what is queued fails now rather than at the client's timeout.
+  std::deque<Job> orphans;
+  {
+    std::lock_guard lock(mutex_);
+    if (--alive_ > 0 || stop_) return;
+    orphans.swap(queue_);
+  }
+  log().warn("offloader: every Python worker of a connection died; failing {} queued batches", orphans.size());
+  for (Job& j : orphans) {
+    JobResult r;
+    r.job = std::move(j);
+    r.error = protocol::ErrorMsg{r.job.lease, protocol::ErrorCode::kInternal,
+                                 "generic Python path: every Python worker of this connection died"};
+    stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+    deliver_(std::move(r));
+  }
+}
+
+JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
+  JobResult r;
+  r.job = std::move(job);
+  r.ready.lease = r.job.lease;
+  r.ready.batch = r.job.batch;
+  const auto fail = [&](protocol::ErrorCode code, const std::string& message) {
+    r.error = protocol::ErrorMsg{r.job.lease, code, message.substr(0, protocol::kMaxText)};
+    stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+  };
+  try {
+    const int fd = w.fd.get();
+    const auto start = Clock::now();
+    const std::uint64_t head[2] = {r.job.dataset->seed, r.job.epoch};
+    const auto n = static_cast<std::uint32_t>(r.job.indices.size());
+    write_all(fd, head, sizeof(head));
+    write_all(fd, &n, sizeof(n));
+    write_all(fd, r.job.indices.data(), n * sizeof(std::uint64_t));
+    if (read_value<std::uint8_t>(fd) != 0) {
+      fail(protocol::ErrorCode::kSample, read_text(fd));
+      return r;
+    }
+    const auto count = read_value<std::uint32_t>(fd);
+    const auto bytes = read_value<std::uint64_t>(fd);
+    if (count > n || bytes > kMaxBlob) throw WorkerGone("the Python worker sent a batch of " + std::to_string(bytes) + " bytes");
+    Staging s{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes, /*pooled=*/false};
+    read_all(fd, s.data.get(), bytes);
+    stats_.transform.add(1, Clock::now() - start, bytes);
+    r.ready.count = count;
+    r.ready.bytes = bytes;
+    r.bytes = bytes;
+    r.staging = std::move(s);
+  } catch (const WorkerGone& e) {
+    died = true;
+    fail(protocol::ErrorCode::kInternal, std::string("generic Python path: ") + e.what());
+  } catch (const std::exception& e) {  // out of memory, among others
+    fail(protocol::ErrorCode::kInternal, e.what());
+  }
+  return r;
+}
+
+}  // namespace dlop::offload::daemon

@@ -1,0 +1,64 @@
+// The generic Python path of one connection: --threads Python processes
+// (python -m dlop.data._python_worker) that load the client's pickled Dataset
+// and collate_fn and make batches as blobs (dlop.data._python_job), each
+// driven by a thread of its own here. The wire to a worker is described in
+// python/dlop/data/_python_worker.py. The processes are killed with the
+// connection: nothing of them outlives it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor.hpp"
+#include "socket.hpp"
+
+namespace dlop::offload::daemon {
+
+class PythonWorkers {
+ public:
+  // Starts `count` workers with `python` and gives each the job. Waits for
+  // the first to load it (the dataset's length comes from there) and throws
+  // kInvalidArgument with the worker's reason when it cannot.
+  PythonWorkers(const std::string& python, std::size_t count, const protocol::Bytes& job, DaemonStats& stats,
+                std::function<void(JobResult)> deliver);
+  ~PythonWorkers();  // kills the workers; results not yet delivered are dropped
+  PythonWorkers(const PythonWorkers&) = delete;
+  PythonWorkers& operator=(const PythonWorkers&) = delete;
+
+  std::uint64_t dataset_size() const { return dataset_size_; }
+  void submit(Job job);
+  bool cancel_queued(std::uint64_t lease);
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    net::UniqueFd fd;
+    std::thread thread;
+  };
+  void serve(Worker& w, bool loaded);
+  JobResult execute(Worker& w, Job job, bool& died);
+
+  DaemonStats& stats_;
+  std::function<void(JobResult)> deliver_;
+  std::uint64_t dataset_size_ = 0;
+  std::vector<Worker> workers_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::size_t alive_ = 0;  // workers still serving
+  bool stop_ = false;
+};
+
+// The interpreter for the workers: DLOP_OFFLOADER_PYTHON, else python3 next
+// to this executable (a venv's bin/), else python3 on PATH.
+std::string default_python();
+
+}  // namespace dlop::offload::daemon

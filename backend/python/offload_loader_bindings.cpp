@@ -2,6 +2,8 @@
 // for dlop.data.OffloadLoader. A yielded batch is handed out as numpy arrays
 // that view the manager's pool buffer (no copy); Python releases the slot
 // when the consumer moves on, and the arrays keep the manager alive.
+#include <unistd.h>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -104,7 +106,13 @@ void bind_offload_loader(py::module_& root) {
              o.lease_timeout = ms(lease_timeout);
              o.no_daemon_timeout = ms(no_daemon_timeout);
              o.connect_timeout = ms(connect_timeout);
-             return std::make_shared<LeaseManager>(std::move(o));
+             // A process forked from this one (the local fallback's workers,
+             // a user's) may drop its copy: closing UCX there would abort, so
+             // only the process that made the manager destroys it.
+             const pid_t owner = ::getpid();
+             return std::shared_ptr<LeaseManager>(new LeaseManager(std::move(o)), [owner](LeaseManager* p) {
+               if (::getpid() == owner) delete p;
+             });
            }),
            py::arg("source"), py::arg("transform"), py::arg("seed"), py::arg("batch_size"), py::arg("token"),
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,

@@ -9,6 +9,7 @@ offloaded path and the local fallback yield the same batches.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import warnings
@@ -247,6 +248,9 @@ class OffloadLoader:
         import multiprocessing as mp
 
         batches = self._plan().batches(self._epoch)[start:]
+        # Garbage the forked workers would otherwise inherit and collect (an
+        # earlier loader's UCX state among it) is collected here, once.
+        gc.collect()
         with cf.ProcessPoolExecutor(
             # fork, as torch's DataLoader does on Linux: spawn would re-run the
             # user's script, which need not guard its top level with __main__.

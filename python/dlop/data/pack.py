@@ -10,6 +10,7 @@ checksums; dlop's native sources read it with mmap.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 

@@ -213,28 +213,44 @@ class _Offloaded:
         import torch
 
         pin = pin and torch.cuda.is_available()
-        for images, labels in self.off:
+        native = self.off.dataset is None
+        for got in self.off:
             by_daemon = self.off.offloaded
             # The OffloadLoader's tensors view buffers reused at the next step;
             # a script may keep a batch (torch's loaders give fresh tensors), so copy.
-            batch = [images.pin_memory() if pin else images.clone(), labels.pin_memory() if pin else labels.clone()]
+            batch = _own(list(got) if native else got, pin)
             _counts["offloaded" if by_daemon else "local"] += 1
             if _watcher is not None:
                 self._add_joined()
             yield batch
 
 
+def _own(batch, pin: bool):
+    """A copy of a batch whose tensors and arrays do not view the loader's buffers."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if pin else batch.clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if isinstance(batch, dict):
+        return type(batch)((k, _own(v, pin)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_own(v, pin) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_own(v, pin) for v in batch)
+    return batch
+
+
 def _why_not(loader) -> str | None:
     """What dlop.data.offload would get wrong about this loader, beyond what it checks itself."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
-    from torch.utils.data._utils.collate import default_collate
     from torch.utils.data.distributed import DistributedSampler
 
     if type(loader) is not DataLoader:
         return f"it is a {type(loader).__name__}, a DataLoader subclass whose behaviour dlop cannot know"
-    if loader.batch_size is not None and loader.collate_fn is not default_collate:
-        return f"it has a custom collate_fn ({getattr(loader.collate_fn, '__name__', loader.collate_fn)!r})"
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank() if world > 1 else 0
     sampler = loader.sampler

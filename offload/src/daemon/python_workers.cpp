@@ -111,6 +111,13 @@ PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throw_errno("socketpair (Python worker)");
     w.fd = net::UniqueFd(fds[0]);
     net::UniqueFd child(fds[1]);
+    // Batches are tens of MiB: larger socket buffers mean fewer switches
+    // between the worker and the thread reading it (the kernel may clamp).
+    const int buffer = 4 << 20;
+    for (const int fd : fds) {
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+    }
     // The child's end must survive exec: clear CLOEXEC on it alone, in the
     // parent, just for the fork (other threads do not exec).
     ::fcntl(child.get(), F_SETFD, 0);

@@ -84,6 +84,12 @@ def make_batch(dataset: Any, collate_fn: Callable, seed: int, epoch: int, indice
 
 def encode_batch(obj: Any) -> bytes:
     """The blob for one collated batch (see the module's docstring)."""
+    return b"".join(encode_batch_parts(obj))
+
+
+def encode_batch_parts(obj: Any) -> list:
+    """The blob as a list of buffers to write one after the other (the
+    tensors' own memory among them, so a socket can take them uncopied)."""
     tensors: list[torch.Tensor] = []
 
     class _Pickler(pickle.Pickler):
@@ -102,23 +108,24 @@ def encode_batch(obj: Any) -> bytes:
     buf = io.BytesIO()
     _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     skeleton = buf.getvalue()
+    head_end = _HEAD.size + len(skeleton) + sum(_TENSOR.size + 8 * t.dim() for t in tensors)
     table = bytearray()
-    offset = _align(_HEAD.size + len(skeleton) + sum(_TENSOR.size + 8 * t.dim() for t in tensors))
-    places = []
+    offset = _align(head_end)
     for t in tensors:
         nbytes = t.numel() * t.element_size()
         table += _TENSOR.pack(offset, nbytes, t.numel(), t.dim()) + struct.pack(f"<{t.dim()}Q", *t.shape)
-        places.append(offset)
         offset = _align(offset + nbytes)
-    out = bytearray(offset)
-    out[:_HEAD.size] = _HEAD.pack(_MAGIC, _VERSION, len(skeleton), len(tensors))
-    out[_HEAD.size:_HEAD.size + len(skeleton)] = skeleton
-    out[_HEAD.size + len(skeleton):_HEAD.size + len(skeleton) + len(table)] = table
-    for t, at in zip(tensors, places):
-        if t.numel():
-            dst = torch.frombuffer(out, dtype=torch.uint8, count=t.numel() * t.element_size(), offset=at)
-            dst.copy_(t.reshape(-1).view(torch.uint8))
-    return bytes(out)
+    parts: list = [_HEAD.pack(_MAGIC, _VERSION, len(skeleton), len(tensors)), skeleton, bytes(table)]
+    at = head_end
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        parts.append(bytes(_align(at) - at))
+        at = _align(at)
+        if nbytes:
+            parts.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        at += nbytes
+    parts.append(bytes(_align(at) - at))
+    return parts
 
 
 def decode_batch(buffer) -> Any:

@@ -48,6 +48,11 @@ def main(argv: list[str]) -> int:
         import torch
         torch.set_num_threads(1)
         from dlop.data import _python_job as job
+        try:  # a torchvision built for another torch loads only through dlop's shim (as in the trainer)
+            from dlop._torchvision_compat import import_torchvision
+            import_torchvision()
+        except ImportError:
+            pass
         dataset, collate_fn = job.load_job(blob)
         size = len(dataset)
     except Exception as e:
@@ -61,12 +66,13 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         try:
-            out = job.encode_batch(job.make_batch(dataset, collate_fn, seed, epoch, indices))
+            parts = job.encode_batch_parts(job.make_batch(dataset, collate_fn, seed, epoch, indices))
         except Exception:
             _error(sock, "the dataset or collate_fn raised:\n" + traceback.format_exc(limit=8))
             continue
-        sock.sendall(struct.pack("<BIQ", 0, count, len(out)))
-        sock.sendall(out)
+        sock.sendall(struct.pack("<BIQ", 0, count, sum(memoryview(p).nbytes for p in parts)))
+        for p in parts:  # the tensors' memory goes to the socket as it is
+            sock.sendall(p)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """dlop.data.offload(loader): an existing DataLoader's work, offloaded.
 
-Only what the native pipeline covers is mapped: a torchvision ``ImageFolder``
-whose transform is a ``Compose`` of RandomResizedCrop, Resize, CenterCrop,
-RandomHorizontalFlip, ToTensor / PILToTensor and a final Normalize. Anything
-else raises, saying so: the generic Python path (the dataset run in worker
-processes the offloader starts) is not built yet.
+A torchvision ``ImageFolder`` whose transform is a ``Compose`` of
+RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, ToTensor /
+PILToTensor and a final Normalize, batched by default_collate, runs on the
+native pipeline. Any other map-style dataset and collate_fn that pickle run
+on the generic Python path (the daemons' Python workers). The sampler must be
+one dlop reproduces either way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from dlop.data.offload_loader import OffloadLoader
 
-_GENERIC = "the generic Python path (running an arbitrary dataset on the offloaders) is not built yet"
+_GENERIC = "the native pipeline cannot run it"
 
 
 def _size(value: Any) -> Any:
@@ -101,14 +102,10 @@ def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
                      "RandomSampler, SequentialSampler and DistributedSampler")
 
 
-def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0, **kwargs: Any) -> OffloadLoader:
-    """An OffloadLoader making the batches `loader` (a torch DataLoader over an ImageFolder) would.
-
-    Batch size, drop_last, shuffling and (for a DistributedSampler) its seed
-    are taken from the DataLoader; the order is dlop's seeded one, not
-    torch's generator's, sharded over the job's ranks.
-    """
+def native_source(loader: Any) -> tuple[str, dict]:
+    """(image folder, transform spec) when the native pipeline reproduces `loader`, else ValueError saying why."""
     from dlop._torchvision_compat import import_torchvision
+    from torch.utils.data import default_collate
 
     ImageFolder = import_torchvision().datasets.ImageFolder
     dataset = loader.dataset
@@ -116,13 +113,36 @@ def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0,
         raise ValueError(f"dlop.data.offload: the dataset is a {type(dataset).__name__}, not an ImageFolder; {_GENERIC}")
     if dataset.target_transform is not None:
         raise ValueError(f"dlop.data.offload: target_transform is not supported natively; {_GENERIC}")
-    if loader.batch_size is None:
-        raise ValueError("dlop.data.offload: the DataLoader must batch (batch_size is None)")
-    from torch.utils.data import default_collate
-
     if loader.collate_fn is not default_collate:
         raise ValueError(f"dlop.data.offload: a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')}) "
                          f"has no native equivalent; {_GENERIC}")
+    return dataset.root, transform_spec(dataset.transform)
+
+
+def offload(loader: Any, offloaders=(), token: str | None = None, seed: int = 0, native_only: bool = False,
+            **kwargs: Any) -> OffloadLoader:
+    """An OffloadLoader making the batches `loader` (a torch DataLoader) would.
+
+    Batch size, drop_last, shuffling and (for a DistributedSampler) its seed
+    are taken from the DataLoader; the order is dlop's seeded one, not
+    torch's generator's, sharded over the job's ranks. What the native
+    pipeline cannot reproduce goes to the generic Python path, unless
+    `native_only` (then ValueError says why).
+    """
+    from torch.utils.data import IterableDataset, default_collate
+
+    if loader.batch_size is None:
+        raise ValueError("dlop.data.offload: the DataLoader must batch (batch_size is None)")
     shuffle, seed, drop_last = _order(loader, seed)
-    return OffloadLoader(dataset.root, transform_spec(dataset.transform), loader.batch_size, shuffle=shuffle,
-                         seed=seed, offloaders=offloaders, token=token, drop_last=drop_last, **kwargs)
+    common = dict(shuffle=shuffle, seed=seed, offloaders=offloaders, token=token, drop_last=drop_last, **kwargs)
+    try:
+        root, spec = native_source(loader)
+    except ValueError:
+        if native_only:
+            raise
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError("dlop.data.offload: an IterableDataset has no indices to lease; dlop offloads "
+                             "map-style datasets") from None
+        collate = None if loader.collate_fn is default_collate else loader.collate_fn
+        return OffloadLoader(dataset=loader.dataset, collate_fn=collate, batch_size=loader.batch_size, **common)
+    return OffloadLoader(root, spec, loader.batch_size, **common)

@@ -143,6 +143,36 @@ void bind_offload_loader(py::module_& root) {
       .def("leases_issued", &LeaseManager::leases_issued)
       .def("leases_reissued", &LeaseManager::leases_reissued)
       .def("completed_per_daemon", &LeaseManager::completed_per_daemon);
+
+  m.def(
+      "daemon_stats",
+      [](const std::string& host, std::uint16_t port, const std::string& token, double timeout) {
+        protocol::Stats stats;
+        {
+          py::gil_scoped_release release;
+          OffloadClient client(host, port, token,
+                               {.name = "dlop offloader-stats",
+                                .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000))});
+          stats = client.stats();
+        }
+        py::list stages;
+        for (const auto& st : stats.stages) {
+          py::dict d;
+          d["name"] = st.name;
+          d["items"] = st.items;
+          d["seconds"] = st.seconds;
+          d["bytes"] = st.bytes;
+          stages.append(d);
+        }
+        py::dict counters;
+        for (const auto& [name, value] : stats.counters) counters[py::str(name)] = value;
+        py::dict out;
+        out["stages"] = stages;
+        out["counters"] = counters;
+        return out;
+      },
+      py::arg("host"), py::arg("port"), py::arg("token"), py::arg("timeout") = 10.0,
+      "a daemon's STATS: {'stages': [{name, items, seconds, bytes}], 'counters': {name: value}}");
 }
 
 }  // namespace dlop::python

@@ -4,6 +4,7 @@
     dlop pack ROOT OUT.dlrec
     dlop run (--offloaders HOST:PORT[,...] | --discover) [--token-file F] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
+    dlop offloader-stats HOST:PORT --token-file F [--json]
 
 Each sub-command is a module with its own main (python -m dlop.data.make_dataset
 works the same); this only dispatches, so a tool's options live in one place.
@@ -19,6 +20,7 @@ COMMANDS = {
     "pack": ("dlop.data.pack", "pack an image folder into a dlop record file"),
     "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
     "offloader": ("dlop.offloader_launcher", "run dlop-offloader and announce it in a training job's c10d store"),
+    "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),
 }
 
 

@@ -107,14 +107,21 @@ TEST_F(OffloadClientTest, BatchesAreBitIdenticalToTheLocalPipeline) {
   }
   EXPECT_EQ(client.in_flight(), 0u);
 
+  // Every stage reported apart: samples for read/decode/augment/collate,
+  // batches for batch and send, each with time spent.
   const protocol::Stats stats = client.stats();
-  ASSERT_EQ(stats.stages.size(), 3u);
-  EXPECT_EQ(stats.stages[0].name, "read");
-  EXPECT_EQ(stats.stages[0].items, 16u);
-  EXPECT_EQ(stats.stages[1].items, 3u);
-  EXPECT_EQ(stats.stages[2].name, "send");
-  EXPECT_EQ(stats.stages[2].items, 3u);
-  EXPECT_GT(stats.stages[1].seconds, 0.0);
+  std::vector<std::string> names;
+  for (const auto& s : stats.stages) names.push_back(s.name);
+  ASSERT_EQ(names, (std::vector<std::string>{"read", "decode", "augment", "collate", "batch", "send"}));
+  const std::size_t samples = batches[0].size() + batches[1].size() + batches[2].size();
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(stats.stages[i].items, samples) << names[i];
+    EXPECT_GT(stats.stages[i].seconds, 0.0) << names[i];
+  }
+  EXPECT_EQ(stats.stages[3].bytes, samples * layout.sample_bytes);
+  EXPECT_EQ(stats.stages[4].items, 3u);
+  EXPECT_EQ(stats.stages[5].items, 3u);
+  EXPECT_GT(stats.stages[4].seconds, 0.0);
 }
 
 TEST_F(OffloadClientTest, RecordFileSourceGivesTheSameBatches) {
@@ -243,10 +250,11 @@ TEST_F(OffloadClientTest, LargeBatchArrivesWhole) {
   EXPECT_EQ(std::memcmp(buf.bytes.data(), images.data(), images.size()), 0);
   EXPECT_EQ(std::memcmp(buf.bytes.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
   const auto stats = client.stats();
-  const auto& send = stats.stages[2];
+  const auto& send = stats.stages[5];
+  EXPECT_EQ(send.name, "send");
   EXPECT_EQ(send.bytes, c->bytes);
-  std::printf("send stage: %.1f MiB in %.1f ms (%.2f GB/s); transform %.1f ms\n", send.bytes / 1048576.0,
-              send.seconds * 1e3, send.bytes / send.seconds * 1e-9, stats.stages[1].seconds * 1e3);
+  std::printf("send stage: %.1f MiB in %.1f ms (%.2f GB/s); batch %.1f ms\n", send.bytes / 1048576.0,
+              send.seconds * 1e3, send.bytes / send.seconds * 1e-9, stats.stages[4].seconds * 1e3);
 }
 
 TEST_F(OffloadClientTest, KilledDaemonIsPeerDead) {

@@ -120,6 +120,31 @@ def test_epoch_is_bit_identical_to_the_local_pipeline(dataset, daemons):
     assert_same(got, reference(dataset, 2))
 
 
+def test_offloader_stats_reports_every_stage(dataset, daemons, tmp_path):
+    loader = make_loader(dataset, daemons[:1])
+    assert len(collect(loader)) == 5
+    token_file = tmp_path / "stats-token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    from dlop.cli import main as dlop_main
+    import contextlib, io, json
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert dlop_main(["offloader-stats", daemons[0].address, "--token-file", str(token_file), "--json"]) == 0
+    stats = json.loads(out.getvalue())
+    by = {s["name"]: s for s in stats["stages"]}
+    assert list(by) == ["read", "decode", "augment", "collate", "batch", "send"]
+    for name in ("read", "decode", "augment", "collate"):
+        assert by[name]["items"] == 18 and by[name]["seconds"] > 0, name
+    assert by["batch"]["items"] == by["send"]["items"] == 5
+    assert by["collate"]["bytes"] == 18 * 3 * 32 * 32 * 4
+    assert stats["counters"]["batches_ready"] == 5
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert dlop_main(["offloader-stats", daemons[0].address, "--token-file", str(token_file)]) == 0
+    assert "decode" in out.getvalue() and "items/s" in out.getvalue()
+
+
 def test_a_daemon_killed_mid_epoch_still_gives_every_batch_once(dataset, daemons):
     loader = make_loader(dataset, daemons, lease_timeout=10.0)
     loader.set_epoch(1)

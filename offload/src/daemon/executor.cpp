@@ -15,27 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Times the reads that Pipeline::run_batch makes, so that "read" can be told
-// apart from the rest of the batch.
-class TimedSource final : public Source {
- public:
-  TimedSource(const Source& inner, StageCounter& counter) : inner_(inner), counter_(counter) {}
-  std::size_t size() const override { return inner_.size(); }
-  const std::vector<std::string>& classes() const override { return inner_.classes(); }
-  std::int64_t label(std::size_t i) const override { return inner_.label(i); }
-  std::string name(std::size_t i) const override { return inner_.name(i); }
-  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override {
-    const auto start = Clock::now();
-    const auto bytes = inner_.read(i, scratch);
-    counter_.add(1, Clock::now() - start, bytes.size());
-    return bytes;
-  }
-
- private:
-  const Source& inner_;
-  StageCounter& counter_;
-};
-
 }  // namespace
 
 Executor::Executor(std::size_t threads, DaemonStats& stats, std::function<void()> wake)
@@ -157,10 +136,14 @@ JobResult Executor::execute(Job job, Staging& staging) {
     }
     std::span<std::byte> images(staging.data.get(), n * d.layout.sample_bytes);
     std::span<std::int64_t> labels(reinterpret_cast<std::int64_t*>(staging.data.get() + d.layout.labels_offset), n);
-    TimedSource timed(*d.source, stats_.read);
     const auto start = Clock::now();
-    BatchResult b = d.pipeline->run_batch(timed, r.job.indices, d.seed, r.job.epoch, images, labels, &pool_);
-    stats_.transform.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
+    BatchResult b = d.pipeline->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, images, labels, &pool_);
+    stats_.batch.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
+    const std::uint64_t tried = r.job.indices.size();
+    stats_.read.add(tried, b.seconds.read, 0);
+    stats_.decode.add(tried, b.seconds.decode, 0);
+    stats_.augment.add(b.count, b.seconds.augment, 0);
+    stats_.collate.add(b.count, b.seconds.collate, b.count * d.layout.sample_bytes);
     stats_.samples_skipped.fetch_add(b.skipped.size(), std::memory_order_relaxed);
     r.ready.count = static_cast<std::uint32_t>(b.count);
     for (auto& s : b.skipped) r.ready.skipped.push_back({s.index, s.reason.substr(0, protocol::kMaxText)});

@@ -253,7 +253,7 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     if (count > n || bytes > kMaxBlob) throw WorkerGone("the Python worker sent a batch of " + std::to_string(bytes) + " bytes");
     Staging s{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes, /*pooled=*/false};
     read_all(fd, s.data.get(), bytes);
-    stats_.transform.add(1, Clock::now() - start, bytes);
+    stats_.batch.add(1, Clock::now() - start, bytes);
     r.ready.count = count;
     r.ready.bytes = bytes;
     r.bytes = bytes;

@@ -15,6 +15,9 @@ struct StageCounter {
   std::atomic<std::uint64_t> nanoseconds{0};
   std::atomic<std::uint64_t> bytes{0};
 
+  void add(std::uint64_t n, double seconds, std::uint64_t b) {
+    add(n, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds)), b);
+  }
   void add(std::uint64_t n, std::chrono::nanoseconds t, std::uint64_t b) {
     items.fetch_add(n, std::memory_order_relaxed);
     nanoseconds.fetch_add(static_cast<std::uint64_t>(t.count()), std::memory_order_relaxed);
@@ -28,12 +31,14 @@ struct StageCounter {
 };
 
 struct DaemonStats {
-  // Stages. The pipeline runs decode, augment and collate as one call per
-  // sample (Pipeline::run_batch), so they are timed together as "transform";
-  // "read" is the source's reads inside it, timed apart.
-  StageCounter read;       // samples read; encoded bytes
-  StageCounter transform;  // batches made: decode + augment + collate, wall time of the batch
-  StageCounter send;       // batches sent; bytes; from posting to UCX completion
+  // Stages, as Pipeline::run_batch times them per sample (seconds summed
+  // over the compute threads, so items / seconds is the rate per thread).
+  StageCounter read;     // samples read; encoded bytes
+  StageCounter decode;   // samples decoded; their RGB bytes
+  StageCounter augment;  // samples through the ops
+  StageCounter collate;  // samples laid out into batch buffers; their bytes
+  StageCounter batch;    // batches made: wall time of each whole batch (native and Python)
+  StageCounter send;     // batches sent; bytes; from posting to UCX completion
   std::atomic<std::uint64_t> connections{0};      // accepted
   std::atomic<std::uint64_t> auth_failures{0};
   std::atomic<std::uint64_t> protocol_errors{0};  // connections closed for a bad frame
@@ -44,7 +49,8 @@ struct DaemonStats {
 
   protocol::Stats snapshot(std::uint64_t open_connections, std::uint64_t open_leases) const {
     protocol::Stats s;
-    s.stages = {read.snapshot("read"), transform.snapshot("transform"), send.snapshot("send")};
+    s.stages = {read.snapshot("read"),       decode.snapshot("decode"), augment.snapshot("augment"),
+                collate.snapshot("collate"), batch.snapshot("batch"),   send.snapshot("send")};
     const auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
     s.counters = {{"connections", get(connections)},         {"open_connections", open_connections},
                   {"open_leases", open_leases},              {"auth_failures", get(auth_failures)},

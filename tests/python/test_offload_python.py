@@ -87,11 +87,11 @@ def _offloader() -> str:
 
 
 class Daemon:
-    def __init__(self, token_file: Path, *extra: str) -> None:
+    def __init__(self, token_file: Path, *extra: str, python: str = sys.executable) -> None:
         # The workers need an interpreter that imports dlop: this one.
         self.proc = subprocess.Popen(
             [_offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1",
-             "--python", sys.executable, *extra],
+             "--python", python, *extra],
             stdout=subprocess.PIPE, text=True,
         )
         line = self.proc.stdout.readline()
@@ -235,6 +235,17 @@ def test_a_daemon_without_python_is_refused_with_the_reason(token_file):
         with pytest.warns(RuntimeWarning, match="runs no Python"):
             loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
         assert not loader.offloaded
+    finally:
+        d.kill()
+
+
+def test_a_daemon_whose_python_cannot_start_workers_says_so(token_file):
+    d = Daemon(token_file, python="/bin/false")
+    try:
+        with pytest.warns(RuntimeWarning, match="did not start.*is dlop importable by that Python"):
+            loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
+        assert not loader.offloaded
+        assert d.proc.poll() is None  # the daemon itself goes on
     finally:
         d.kill()
 

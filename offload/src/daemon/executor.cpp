@@ -60,8 +60,29 @@ void Executor::post(JobResult result) {
   wake_();
 }
 
+Staging SpareBuffers::take(std::size_t bytes, const std::shared_ptr<SpareBuffers>& self) {
+  {
+    std::lock_guard lock(mutex);
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (it->capacity < bytes) continue;
+      Staging s = std::move(*it);
+      free.erase(it);
+      return s;
+    }
+  }
+  return Staging{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes, /*pooled=*/false, self};
+}
+
+void SpareBuffers::give(Staging s) {
+  std::lock_guard lock(mutex);
+  if (free.size() < kMax) free.push_back(std::move(s));
+}
+
 void Executor::release(Staging staging) {
-  if (!staging.pooled) return;  // freed here
+  if (!staging.pooled) {
+    if (auto home = staging.home.lock(); home && staging.data) home->give(std::move(staging));
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     if (staging.data) free_.push_back(std::move(staging));

@@ -33,11 +33,25 @@ struct Dataset {
   protocol::Configured layout;
 };
 
+struct SpareBuffers;
+
 // Memory a batch is made in and sent from.
 struct Staging {
   std::unique_ptr<std::byte[]> data;
   std::size_t capacity = 0;
   bool pooled = true;  // one of the Executor's (the Python path's are its own)
+  std::weak_ptr<SpareBuffers> home;  // where release() puts it back, when not pooled
+};
+
+// Buffers given back once their batch was sent, for the next batch of the
+// same maker (a fresh buffer of tens of MiB costs a page fault per page).
+struct SpareBuffers {
+  static constexpr std::size_t kMax = 4;
+  std::mutex mutex;
+  std::vector<Staging> free;
+  // One of at least `bytes`, else a new one.
+  Staging take(std::size_t bytes, const std::shared_ptr<SpareBuffers>& self);
+  void give(Staging s);
 };
 
 struct Job {

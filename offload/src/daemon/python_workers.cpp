@@ -251,7 +251,7 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     const auto count = read_value<std::uint32_t>(fd);
     const auto bytes = read_value<std::uint64_t>(fd);
     if (count > n || bytes > kMaxBlob) throw WorkerGone("the Python worker sent a batch of " + std::to_string(bytes) + " bytes");
-    Staging s{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes, /*pooled=*/false};
+    Staging s = spare_->take(bytes, spare_);
     read_all(fd, s.data.get(), bytes);
     stats_.batch.add(1, Clock::now() - start, bytes);
     r.ready.count = count;

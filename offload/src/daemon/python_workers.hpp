@@ -48,6 +48,7 @@ class PythonWorkers {
 
   DaemonStats& stats_;
   std::function<void(JobResult)> deliver_;
+  std::shared_ptr<SpareBuffers> spare_ = std::make_shared<SpareBuffers>();
   std::uint64_t dataset_size_ = 0;
   std::vector<Worker> workers_;
   std::mutex mutex_;

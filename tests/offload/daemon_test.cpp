@@ -184,7 +184,7 @@ TEST(OffloadDaemon, ClientOnlyMessagesFromAClientCloseIt) {
   DaemonProcess d;
   RawConn c(d.port());
   ASSERT_TRUE(c.authenticate().has_value());
-  c.write(c.writer.encode(MsgType::kWelcome, protocol::encode(protocol::Welcome{1, 1, "x"})));
+  c.write(c.writer.encode(MsgType::kWelcome, protocol::encode(protocol::Welcome{1, 1, "x", "h"})));
   EXPECT_TRUE(c.closed_by_peer());
   expect_serving(d);
 }

@@ -49,7 +49,8 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h.client_nonce, n);
   EXPECT_EQ(h.proof[0], 7);
   EXPECT_EQ(h.client_name, "trainer 3");
-  EXPECT_EQ(round_trip(Welcome{4, 1234, "d"}).pid, 1234u);
+  EXPECT_EQ(round_trip(Welcome{4, 1234, "d", "host-a"}).pid, 1234u);
+  EXPECT_EQ(round_trip(Welcome{4, 1234, "d", "host-a"}).host, "host-a");
   const Configure c = round_trip(sample_configure());
   EXPECT_EQ(c.worker_address, (Bytes{1, 2, 3, 4}));
   EXPECT_EQ(c.host, "trainer-host");

@@ -153,6 +153,8 @@ class OffloadClient {
   [[noreturn]] void fail(Errc code, const std::string& why);
   void release_receives();
   bool progress_worker();
+  // The daemon ran on this host and its process no longer exists.
+  bool daemon_gone() const;
 
   std::string address_;  // "host:port", for messages
   std::string token_;

@@ -56,6 +56,7 @@ struct Welcome {
   std::uint32_t threads = 0;  // the daemon's compute threads
   std::uint32_t pid = 0;
   std::string daemon_name;    // host and version, for the client's logs
+  std::string host;           // the daemon's host_identity(): with pid, tells the client when it is gone
 };
 
 struct Configure {

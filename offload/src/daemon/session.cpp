@@ -57,7 +57,7 @@ void Server::on_hello(Conn& c, const protocol::Frame& frame) {
   c.peer += " (" + hello.client_name + ")";
   log().info("offloader: connection {} authenticated: {}", c.id, c.peer);
   reply(c, protocol::Welcome{static_cast<std::uint32_t>(options_.threads), static_cast<std::uint32_t>(::getpid()),
-                             options_.name});
+                             options_.name, host_identity()});
 }
 
 std::shared_ptr<const Source> Server::open_source_cached(const std::string& path) {

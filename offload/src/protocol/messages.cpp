@@ -54,6 +54,7 @@ Bytes encode(const Welcome& m) {
     w.u32(m.threads);
     w.u32(m.pid);
     w.str(m.daemon_name);
+    w.str(m.host);
   });
 }
 
@@ -64,6 +65,7 @@ Welcome decode<Welcome>(std::span<const std::uint8_t> p) {
   m.threads = r.u32();
   m.pid = r.u32();
   m.daemon_name = r.str(kMaxName);
+  m.host = r.str(kMaxName);
   r.finish("WELCOME");
   return m;
 }

@@ -246,6 +246,8 @@ def test_a_daemon_whose_python_cannot_start_workers_says_so(token_file):
             loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
         assert not loader.offloaded
         assert d.proc.poll() is None  # the daemon itself goes on
+        children = [c for t in Path(f"/proc/{d.proc.pid}/task").iterdir() for c in (t / "children").read_text().split()]
+        assert children == []  # the refused workers were reaped, no zombies
     finally:
         d.kill()
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +28,9 @@ using Clock = std::chrono::steady_clock;
 // native batches) and on an error text.
 constexpr std::uint64_t kMaxBlob = 2ull << 30;
 constexpr std::uint32_t kMaxText = 64 * 1024;
+// The first worker must have loaded the dataset (torch imported, the job
+// unpickled, len() taken) within this many seconds.
+constexpr time_t kLoadSeconds = 120;
 
 class WorkerGone : public std::runtime_error {
  public:
@@ -49,6 +53,7 @@ void read_all(int fd, void* data, std::size_t n) {
   while (n > 0) {
     const ssize_t r = ::recv(fd, p, n, 0);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) throw WorkerGone("the Python worker did not answer in time");
     if (r == 0) throw WorkerGone("the Python worker exited");
     if (r < 0) throw WorkerGone(std::string("reading from the Python worker: ") + std::strerror(errno));
     p += r;
@@ -106,6 +111,24 @@ std::string default_python() {
 PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const protocol::Bytes& job,
                              DaemonStats& stats, std::function<void(JobResult)> deliver)
     : stats_(stats), deliver_(std::move(deliver)), workers_(std::max<std::size_t>(1, count)) {
+  try {
+    start(python, job);
+  } catch (...) {
+    // No worker may outlive a refused CONFIGURE, nor stay a zombie.
+    for (Worker& w : workers_) {
+      if (w.pid <= 0) continue;
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+    throw;
+  }
+  alive_ = workers_.size();
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i].thread = std::thread([this, i] { serve(workers_[i], i == 0); });
+  }
+}
+
+void PythonWorkers::start(const std::string& python, const protocol::Bytes& job) {
   for (Worker& w : workers_) {
     int fds[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throw_errno("socketpair (Python worker)");
@@ -130,7 +153,11 @@ PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const
       // Its first answer will say why (or that it is gone).
     }
   }
-  // The first worker's answer decides; the others are checked by their threads.
+  // The first worker's answer decides; the others are checked by their
+  // threads. Bounded: CONFIGURE runs on the daemon's event loop.
+  const int first = workers_[0].fd.get();
+  timeval limit{kLoadSeconds, 0};
+  ::setsockopt(first, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
   try {
     if (read_value<std::uint8_t>(workers_[0].fd.get()) != 0) {
       throw_error(Errc::kInvalidArgument, "generic Python path: " + read_text(workers_[0].fd.get()));
@@ -141,10 +168,8 @@ PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const
                                             " -m dlop.data._python_worker) did not start: " + e.what() +
                                             " (is dlop importable by that Python? see --python)");
   }
-  alive_ = workers_.size();
-  for (std::size_t i = 0; i < workers_.size(); ++i) {
-    workers_[i].thread = std::thread([this, i] { serve(workers_[i], i == 0); });
-  }
+  limit = timeval{0, 0};
+  ::setsockopt(first, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
 }
 
 PythonWorkers::~PythonWorkers() {
@@ -206,7 +231,10 @@ void PythonWorkers::serve(Worker& w, bool loaded) {
       if (stop_) return;
     }
     deliver_(std::move(r));
-    if (died) break;
+    if (died) {
+      ::kill(w.pid, SIGKILL);  // whatever it still does, its stream is lost
+      break;
+    }
   }
   // This worker is gone (killed, out of memory): the others go on; when none
   // is left, what is queued fails now rather than at the client's timeout.

@@ -43,6 +43,7 @@ class PythonWorkers {
     net::UniqueFd fd;
     std::thread thread;
   };
+  void start(const std::string& python, const protocol::Bytes& job);
   void serve(Worker& w, bool loaded);
   JobResult execute(Worker& w, Job job, bool& died);
 

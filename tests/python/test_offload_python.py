@@ -275,3 +275,26 @@ def test_a_dataset_defined_in_a_scripts_main_travels_by_value(daemons, tmp_path)
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49], [64, 81]]"
+
+
+def test_a_gpu_device_without_cuda_is_refused_by_name():
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU: test_batches_arrive_on_the_gpu covers it")
+    with pytest.raises(ValueError, match="device cuda asked for, but this torch sees no CUDA device"):
+        OffloadLoader(dataset=Mixed(), batch_size=4, device="cuda")
+    with pytest.raises(ValueError, match="neither the CPU nor a CUDA device"):
+        OffloadLoader(dataset=Mixed(), batch_size=4, device="meta")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+def test_batches_arrive_on_the_gpu_equal_to_the_cpu_ones(daemons):
+    want = local(Mixed(), batch_size=8)
+    loader = remote(Mixed(), daemons, batch_size=8, device="cuda")
+    got = []
+    for b in loader:
+        assert b["image"].is_cuda and b["half"].is_cuda
+        got.append(detach(b))
+        torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        assert torch.equal(g["image"].cpu(), w["image"]) and torch.equal(g["half"].cpu(), w["half"])
+        assert torch.equal(g["label"].cpu(), w["label"]) and g["name"] == w["name"]

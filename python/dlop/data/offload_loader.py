@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from dlop import _C
-from dlop.data import _python_job
+from dlop.data import _device, _python_job
 
 _native = _C.offload
 
@@ -81,7 +81,9 @@ class OffloadLoader:
 
     With offloaders the tensors view a pooled (page-locked where allowed)
     buffer without a copy; it is reused once the next batch is asked for, so
-    keep a batch past that only by cloning it.
+    keep a batch past that only by cloning it. With ``device="cuda"`` (or
+    "cuda:N") every tensor arrives on that GPU instead, copied on a side
+    stream one batch ahead (dlop.data._device).
     """
 
     def __init__(
@@ -101,10 +103,12 @@ class OffloadLoader:
         connect_timeout: float = 5.0,
         dataset: Any = None,
         collate_fn: Any = None,
+        device: Any = None,
     ) -> None:
         if (dataset is None) == (source is None):
             raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
         self.dataset, self.collate_fn, self._job = dataset, collate_fn, b""
+        self.device = _device.cuda_device(device)  # ValueError when asked for a GPU this torch lacks
         if dataset is not None:
             self.source, self.transform = "", ""
             self._job = _python_job.encode_job(dataset, collate_fn)  # ValueError when it does not pickle
@@ -205,10 +209,10 @@ class OffloadLoader:
         start = int(self._resume["position"]) if self._resume else 0
         self._resume = None
         self._position = start
-        if self._manager is not None:
-            yield from self._iter_offloaded(start)
-        else:
-            yield from self._iter_local(start)
+        batches = self._iter_offloaded(start) if self._manager is not None else self._iter_local(start)
+        if self.device is not None:
+            batches = _device.to_device(batches, self.device)
+        yield from batches
 
     def _iter_offloaded(self, start: int):
         m = self._manager

@@ -150,6 +150,14 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
   }
 }
 
+int Engine::dead_member(const detail::OpState& op) const {
+  const auto& group = *op.comm->group;
+  for (int r = 0; r < group.size(); ++r) {
+    if (mesh_->peer_failure(group.mesh_rank(r))) return r;
+  }
+  return -1;
+}
+
 std::vector<int> Engine::awaited(const detail::OpState& op) const {
   std::vector<int> ranks = mesh_->pending_peers();
   for (const int r : op.task->waiting_for()) ranks.push_back(op.comm->group->mesh_rank(r));
@@ -200,6 +208,13 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
         }
         op->task.reset();
         finished.push_back(op);
+      } else if (const int dead = mesh_->dead_peers() > 0 && !op->p2p ? dead_member(*op) : -1; dead >= 0) {
+        // A collective cannot finish without every member, and this rank may
+        // be waiting only on live ones that wait on the dead one: fail it now,
+        // naming the dead rank, rather than at the timeout naming a live one.
+        const int mesh_rank = op->comm->group->mesh_rank(dead);
+        throw_error(Errc::kPeerDead, fmt::format("{} failed: {} died ({})", op->describe(), mesh_->describe(mesh_rank),
+                                                 *mesh_->peer_failure(mesh_rank)));
       } else if (now >= op->deadline) {
         throw_error(Errc::kTimeout, fmt::format("{} timed out after {} ms; ranks still awaited: {}", op->describe(),
                                                 op->timeout.count(), awaited(*op)));

@@ -68,6 +68,8 @@ class Engine {
 
   std::mutex engine_mutex_;  // the worker, the mesh, running_
   std::vector<std::shared_ptr<detail::OpState>> running_;
+  // A member of the op's group the mesh found dead, or -1.
+  int dead_member(const detail::OpState& op) const;
 
   std::mutex submit_mutex_;
   std::vector<std::shared_ptr<detail::OpState>> submitted_;

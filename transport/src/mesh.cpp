@@ -209,6 +209,7 @@ void Mesh::mark_dead(int peer, const std::string& reason) {
   Peer& p = peers_.at(static_cast<std::size_t>(peer));
   if (p.failure) return;
   p.failure = reason;
+  ++dead_peers_;
   log().warn("rank {}: {} is dead: {}", rank_, describe(peer), reason);
   for (detail::RequestSlot* slot = pending_.next; slot != &pending_;) {
     detail::RequestSlot* next = slot->next;

@@ -92,6 +92,8 @@ class Mesh {
   const std::optional<std::string>& peer_failure(int peer) const {
     return peers_.at(static_cast<std::size_t>(peer)).failure;
   }
+  // How many peers have been found dead so far (0 in a healthy mesh).
+  std::size_t dead_peers() const { return dead_peers_; }
   // "rank 3 (pid 1234 on host h)", for error messages.
   std::string describe(int peer) const;
   // Ranks that requests are pending toward (ascending, no duplicates; any-source
@@ -136,6 +138,7 @@ class Mesh {
   Options options_;
   int rank_;
   std::vector<Peer> peers_;
+  std::size_t dead_peers_ = 0;
   detail::RequestSlot pending_;  // sentinel of the pending list
   std::vector<std::unique_ptr<AmContext>> am_contexts_;
   std::chrono::steady_clock::time_point next_check_;

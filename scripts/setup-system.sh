@@ -16,8 +16,9 @@ PACKAGES=(
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   # offload/: JPEG and PNG decoding; zlib for record-file checksums.
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
-  # dlop-offloader: libcrypto (HMAC-SHA256); clang for the protocol's libFuzzer target.
-  libssl-dev clang
+  # dlop-offloader: libcrypto (HMAC-SHA256); clang and its runtimes (libFuzzer,
+  # ASan; only recommended by clang, so not pulled in) for the protocol's fuzzer.
+  libssl-dev clang libclang-rt-14-dev
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -9,7 +9,8 @@
 // bytes of memory traffic per rank at two ranks): each rank copies into its
 // slot only the blocks that others reduce; reduces its own block from its own
 // input and the peers' slots, in rank order, into its own slot; posts
-// `reduced`; then copies every block out of its owner's slot. Each block is
+// `reduced`; then copies every other block out of its owner's slot (its own
+// one it copied to the output while reducing it). Each block is
 // reduced once, by its owner, so all ranks hold the same bits.
 //
 // Waiting never blocks: progress() returns false and the caller comes back.
@@ -17,6 +18,7 @@
 // named in a kPeerDead error.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -35,6 +37,8 @@ namespace {
 constexpr std::size_t kSmallBytes = 16u << 10;
 // Blocks start on cache lines: no line is written by two ranks' kernels.
 constexpr std::size_t kLineBytes = 64;
+// A piece of the own block that is reduced and copied out while in L1.
+constexpr std::size_t kPieceBytes = 8u << 10;
 
 // Milliseconds of a clock that is cheap to read (the watchdog needs no more).
 std::int64_t coarse_ms() {
@@ -191,19 +195,26 @@ class ShmAllreduce final : public Task {
     finalize(op_, dtype_, out, round_count_, n_);
   }
 
+  // Reduces in pieces that stay in L1, each copied to the output while hot,
+  // so copy_out() need not read this block back (at two ranks that saves a
+  // sixth of the memory traffic).
   void reduce_own_block(std::uint64_t seq) {
-    const std::size_t begin = block_start(me_), count = block_start(me_ + 1) - begin;
-    if (count == 0) return;
-    const std::size_t at = begin * size_;
-    const auto source = [&](int r) -> const std::byte* { return (r == me_ ? input() : arena_.slot(seq, r)) + at; };
-    std::byte* out = arena_.slot(seq, me_) + at;
-    reduce_into(op_, dtype_, out, source(0), source(1), count);
-    for (int r = 2; r < n_; ++r) reduce_inplace(op_, dtype_, out, source(r), count);
-    finalize(op_, dtype_, out, count, n_);
+    const std::size_t begin = block_start(me_), end = block_start(me_ + 1);
+    const std::size_t piece = std::max<std::size_t>(kPieceBytes / size_, 1);
+    for (std::size_t i = begin; i < end; i += piece) {
+      const std::size_t count = std::min(piece, end - i), at = i * size_;
+      const auto source = [&](int r) -> const std::byte* { return (r == me_ ? input() : arena_.slot(seq, r)) + at; };
+      std::byte* out = arena_.slot(seq, me_) + at;
+      reduce_into(op_, dtype_, out, source(0), source(1), count);
+      for (int r = 2; r < n_; ++r) reduce_inplace(op_, dtype_, out, source(r), count);
+      finalize(op_, dtype_, out, count, n_);
+      std::memcpy(output() + at, out, count * size_);
+    }
   }
 
   void copy_out(std::uint64_t seq) {
     for (int q = 0; q < n_; ++q) {
+      if (q == me_) continue;  // reduce_own_block() wrote it
       const std::size_t at = block_start(q) * size_;
       std::memcpy(output() + at, arena_.slot(seq, q) + at, block_start(q + 1) * size_ - at);
     }

@@ -21,7 +21,7 @@ struct TuningRule {
 };
 
 constexpr TuningRule kTuning[] = {
-    {CollKind::kAllreduce, 8u << 20, "shm"},
+    {CollKind::kAllreduce, 256u << 10, "shm"},
     {CollKind::kAllreduce, 16u << 10, "recursive_doubling"},
     {CollKind::kAllreduce, kAny, "cma"},
     {CollKind::kAllreduce, kAny, "hierarchical"},

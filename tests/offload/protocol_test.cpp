@@ -2,10 +2,13 @@
 // every kind of malformed input is refused with kProtocol (and only that),
 // authentication proofs and keys, token files.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "core/error.hpp"
 #include "offload/protocol.hpp"
@@ -233,6 +236,38 @@ TEST(OffloadProtocol, RandomBytesOnlyEverRaiseProtocolErrors) {
     }
   }
   EXPECT_GT(refused, 19000u);
+}
+
+// seal() keeps keyed contexts per thread: its MACs must still be OpenSSL's
+// one-shot HMAC-SHA256 of the bytes, under whichever key, from any thread,
+// and after more keys than the cache holds.
+TEST(OffloadProtocol, SealIsTheHmacOfTheBytesUnderEachKey) {
+  std::mt19937 rng(7);
+  std::vector<Key> keys(11);
+  for (Key& k : keys) {
+    for (auto& b : k) b = static_cast<std::uint8_t>(rng());
+  }
+  const auto check = [&](std::size_t rounds) {
+    for (std::size_t round = 0; round < rounds; ++round) {
+      for (const std::size_t length : {0u, 1u, 24u, 25u, 1000u, 70000u}) {
+        const Key& key = keys[(round * 7 + length) % keys.size()];
+        Bytes bytes(length);
+        for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+        std::array<std::uint8_t, EVP_MAX_MD_SIZE> want{};
+        unsigned int n = 0;
+        ASSERT_NE(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), bytes.data(), bytes.size(),
+                       want.data(), &n),
+                  nullptr);
+        const auto got = seal(key, bytes);
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << "length " << length << " round " << round;
+      }
+    }
+  };
+  check(20);
+  std::thread other([&] { check(5); });
+  other.join();
+  EXPECT_NE(seal(keys[0], Bytes{1, 2, 3}), seal(keys[1], Bytes{1, 2, 3}));
+  EXPECT_NE(seal(keys[0], Bytes{1, 2, 3}), seal(std::nullopt, Bytes{1, 2, 3}));
 }
 
 TEST(OffloadAuth, ProofsAndKeysDependOnTokenAndBothNonces) {

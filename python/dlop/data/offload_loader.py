@@ -242,7 +242,7 @@ class OffloadLoader:
                 if labels is None:  # the Python path: images is the batch blob
                     yield _python_job.decode_batch(images)
                 else:
-                    yield torch.from_numpy(images), torch.from_numpy(labels)
+                    yield images, labels
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)

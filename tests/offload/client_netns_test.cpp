@@ -72,7 +72,8 @@ class NamespacePair {
   }
   ::setenv("UCX_TLS", "tcp", 1);
   try {
-    OffloadClient client(ip, port, test::kToken, {.name = "netns", .timeout = 30s});
+    // The data must cross the veth (TCP), not be written across processes.
+    OffloadClient client(ip, port, test::kToken, {.name = "netns", .timeout = 30s, .worker = nullptr, .direct = false});
     const BatchLayout& layout = client.configure({folder, spec, 11, 6});
     std::vector<std::byte> buf(layout.batch_bytes);
     const std::vector<std::uint64_t> idx = {5, 0, 3, 1, 4, 2};

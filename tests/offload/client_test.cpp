@@ -4,22 +4,27 @@
 // is reported as kPeerDead; a vanished client costs others nothing.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/process.hpp"
 #include "daemon_harness.hpp"
 #include "offload/codec.hpp"
 #include "offload/offload_client.hpp"
 #include "offload/pipeline.hpp"
 #include "offload/source.hpp"
+#include "transport/ucx_worker.hpp"
 
 namespace dlop::offload {
 namespace {
 
 using namespace std::chrono_literals;
+using protocol::MsgType;
 using test::DaemonProcess;
+using test::RawConn;
 
 constexpr const char* kSpec = R"({"ops": [
   {"op": "random_resized_crop", "size": 32}, {"op": "hflip", "p": 0.5},
@@ -80,10 +85,18 @@ class OffloadClientTest : public ::testing::Test {
   test::TempDir data_;
 };
 
-TEST_F(OffloadClientTest, BatchesAreBitIdenticalToTheLocalPipeline) {
+// Direct writes (the default on one host) and UCX (what other hosts use).
+class OffloadClientPathTest : public OffloadClientTest, public ::testing::WithParamInterface<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(DirectAndUcx, OffloadClientPathTest, ::testing::Bool(),
+                         [](const auto& param_info) { return param_info.param ? "direct" : "ucx"; });
+
+TEST_P(OffloadClientPathTest, BatchesAreBitIdenticalToTheLocalPipeline) {
   DaemonProcess d(2);
-  OffloadClient client("127.0.0.1", d.port(), test::kToken, {.name = "bit-exact", .timeout = 30s});
+  OffloadClient client("127.0.0.1", d.port(), test::kToken,
+                       {.name = "bit-exact", .timeout = 30s, .worker = nullptr, .direct = GetParam()});
   const BatchLayout& layout = client.configure({folder(), spec(), 1234, 8});
+  EXPECT_EQ(layout.direct, GetParam());
   EXPECT_EQ(layout.dataset_size, 18u);
   EXPECT_EQ(layout.classes, 3u);
   EXPECT_EQ(layout.sample_bytes, 3u * 32 * 32 * 4);
@@ -122,6 +135,71 @@ TEST_F(OffloadClientTest, BatchesAreBitIdenticalToTheLocalPipeline) {
   EXPECT_EQ(stats.stages[4].items, 3u);
   EXPECT_EQ(stats.stages[5].items, 3u);
   EXPECT_GT(stats.stages[4].seconds, 0.0);
+}
+
+// A daemon writes into a process only once that process showed it, from its
+// own memory, the random nonce of this connection's WELCOME: a pid that is
+// not the sender's, or a wrong nonce, leaves the connection on UCX, and a
+// PRODUCE that names an address there is refused (and one without an
+// address on a direct connection).
+TEST_F(OffloadClientTest, DirectWritesNeedProofOfThePid) {
+  DaemonProcess d(1);
+  const auto worker = OffloadClient::make_worker();
+  const auto address = worker->address();
+  // The daemon connects to this worker at CONFIGURE: keep it answering.
+  std::atomic<bool> stop{false};
+  std::thread progress([&] {
+    while (!stop) {
+      if (!worker->progress()) std::this_thread::sleep_for(1ms);
+    }
+  });
+  protocol::Nonce held{};
+  const auto configure = [&](RawConn& c, std::uint32_t pid, bool right_nonce) {
+    const auto welcome = c.authenticate();
+    EXPECT_TRUE(welcome.has_value());
+    held = welcome ? welcome->direct_nonce : protocol::Nonce{};
+    if (!right_nonce) held[5] ^= 1;
+    const protocol::Configure m{{address.begin(), address.end()}, host_identity(), folder(), spec(), {}, 1, 4, pid,
+                                reinterpret_cast<std::uintptr_t>(held.data())};
+    c.write(c.writer.encode(MsgType::kConfigure, protocol::encode(m)));
+    const auto f = c.read_frame();
+    EXPECT_TRUE(f.has_value() && f->type == MsgType::kConfigured)
+        << (f && f->type == MsgType::kError ? protocol::decode<protocol::ErrorMsg>(f->payload).message : "no answer");
+    return f && f->type == MsgType::kConfigured && protocol::decode<protocol::Configured>(f->payload).direct;
+  };
+  const auto refused = [](RawConn& c, std::uint64_t address_field, const std::string& why) {
+    const protocol::Produce p{7, 0, 0, {0, 1}, address_field};
+    c.write(c.writer.encode(MsgType::kProduce, protocol::encode(p)));
+    const auto f = c.read_frame();
+    ASSERT_TRUE(f.has_value() && f->type == MsgType::kError);
+    const auto e = protocol::decode<protocol::ErrorMsg>(f->payload);
+    EXPECT_EQ(e.code, protocol::ErrorCode::kBadRequest);
+    EXPECT_NE(e.message.find(why), std::string::npos) << e.message;
+  };
+  std::vector<std::byte> buffer(1 << 20);
+  const auto buffer_address = reinterpret_cast<std::uintptr_t>(buffer.data());
+
+  RawConn mine(d.port());
+  EXPECT_TRUE(configure(mine, static_cast<std::uint32_t>(::getpid()), true));
+  refused(mine, 0, "without a buffer address");
+
+  RawConn wrong_nonce(d.port());
+  EXPECT_FALSE(configure(wrong_nonce, static_cast<std::uint32_t>(::getpid()), false));
+  refused(wrong_nonce, buffer_address, "not direct");
+
+  // A process of ours with our memory layout (forked before this nonce existed).
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  RawConn other(d.port());
+  EXPECT_FALSE(configure(other, static_cast<std::uint32_t>(child), true));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  refused(other, buffer_address, "not direct");
+  stop = true;
+  progress.join();
 }
 
 TEST_F(OffloadClientTest, RecordFileSourceGivesTheSameBatches) {

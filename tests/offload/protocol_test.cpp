@@ -54,6 +54,7 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h.client_name, "trainer 3");
   EXPECT_EQ(round_trip(Welcome{4, 1234, "d", "host-a"}).pid, 1234u);
   EXPECT_EQ(round_trip(Welcome{4, 1234, "d", "host-a"}).host, "host-a");
+  EXPECT_EQ(round_trip(Welcome{4, 1234, "d", "host-a", n}).direct_nonce, n);
   const Configure c = round_trip(sample_configure());
   EXPECT_EQ(c.worker_address, (Bytes{1, 2, 3, 4}));
   EXPECT_EQ(c.host, "trainer-host");
@@ -61,13 +62,25 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(c.python, (Bytes{9, 8}));
   EXPECT_EQ(c.seed, 42u);
   EXPECT_EQ(c.batch_size, 64u);
+  EXPECT_EQ(c.pid, 0u);
+  Configure direct = sample_configure();
+  direct.pid = 4242;
+  direct.proof_address = 0x7fff0000beefull;
+  EXPECT_EQ(round_trip(direct).pid, 4242u);
+  EXPECT_EQ(round_trip(direct).proof_address, 0x7fff0000beefull);
   const Configured layout{1000, 10, 3, 8, 8, Dtype::kFloat32, 768, 1536, 1552};
   const Configured l2 = round_trip(layout);
   EXPECT_EQ(l2.labels_offset, 1536u);
   EXPECT_EQ(l2.dtype, Dtype::kFloat32);
-  const Produce p = round_trip(Produce{9, 2, 17, {5, 1, 99}});
+  EXPECT_FALSE(l2.direct);
+  Configured direct_layout = layout;
+  direct_layout.direct = true;
+  EXPECT_TRUE(round_trip(direct_layout).direct);
+  const Produce p = round_trip(Produce{9, 2, 17, {5, 1, 99}, 0});
   EXPECT_EQ(p.indices, (std::vector<std::uint64_t>{5, 1, 99}));
   EXPECT_EQ(p.batch, 17u);
+  EXPECT_EQ(p.address, 0u);
+  EXPECT_EQ(round_trip(Produce{9, 2, 17, {5}, 0x7f0012345000ull}).address, 0x7f0012345000ull);
   const BatchReady r = round_trip(BatchReady{9, 17, 2, 1552, {{1, "corrupt"}}});
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_EQ(r.skipped[0].reason, "corrupt");
@@ -133,8 +146,8 @@ TEST(OffloadProtocol, MalformedFramesAreRefused) {
   const Bytes good = w.encode(MsgType::kPing, encode(Ping{1}));
   expect_refused(patched(good, 0, {'G', 'E', 'T', ' '}), "bad magic");
   expect_refused(Bytes{'H'}, "bad magic");  // refused before a whole header arrives
-  expect_refused(patched(good, 4, {1, 0}), "version 1 not supported");  // the version before the current one
-  expect_refused(patched(good, 4, {3, 0}), "version 3 not supported");
+  expect_refused(patched(good, 4, {2, 0}), "version 2 not supported");  // the version before the current one
+  expect_refused(patched(good, 4, {4, 0}), "version 4 not supported");
   expect_refused(patched(good, 6, {0, 0}), "unknown message type 0");
   expect_refused(patched(good, 6, {99, 0}), "unknown message type 99");
   expect_refused(patched(good, 8, {1, 0, 0, 0}), "unknown flags");

@@ -80,6 +80,11 @@ class OffloadClient {
     // unique across all the clients sharing it, as they are the UCX tags.
     // Make a shared one with make_worker().
     std::shared_ptr<transport::UcxWorker> worker;
+    // A daemon on this host may write native batches straight into their
+    // buffers (process_vm_writev, after this process proved its pid), with
+    // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
+    // per batch instead of twice. false: always over UCX.
+    bool direct = true;
   };
 
   // Rendezvous by put: the daemon writes each batch into the posted buffer
@@ -152,6 +157,9 @@ class OffloadClient {
   void collect();
   [[noreturn]] void fail(Errc code, const std::string& why);
   void release_receives();
+  // Waits until a direct daemon can no longer write into this process's
+  // buffers (it closed the connection or died); then closes the socket.
+  void close_direct();
   bool progress_worker();
   // The daemon ran on this host and its process no longer exists.
   bool daemon_gone() const;
@@ -164,6 +172,7 @@ class OffloadClient {
   protocol::FrameDecoder decoder_;
   protocol::Welcome welcome_;
   std::optional<BatchLayout> layout_;
+  protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
   std::deque<Completion> ready_;
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else

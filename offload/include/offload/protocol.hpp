@@ -39,7 +39,10 @@ using Bytes = std::vector<std::uint8_t>;
 using Key = std::array<std::uint8_t, 32>;
 
 inline constexpr std::uint32_t kMagic = 0x464f4c44;  // bytes 'D' 'L' 'O' 'F'
-inline constexpr std::uint16_t kVersion = 2;  // 2: CONFIGURE carries the client's host and a Python dataset
+// 2: CONFIGURE carries the client's host and a Python dataset; 3: direct
+// writes into a same-host trainer (WELCOME's nonce, CONFIGURE's pid and proof,
+// CONFIGURED's direct, PRODUCE's address).
+inline constexpr std::uint16_t kVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::size_t kMacBytes = 16;
 // Limits on one payload: before authentication (CHALLENGE, HELLO), and after.

@@ -57,6 +57,7 @@ struct Welcome {
   std::uint32_t pid = 0;
   std::string daemon_name;    // host and version, for the client's logs
   std::string host;           // the daemon's host_identity(): with pid, tells the client when it is gone
+  Nonce direct_nonce{};       // a same-host client proves its pid by holding this in its memory (CONFIGURE)
 };
 
 struct Configure {
@@ -68,6 +69,11 @@ struct Configure {
   Bytes python;               // non-empty: the generic Python path (dlop.data._python_job), source and transform unused
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;  // the most samples a PRODUCE may ask for
+  // Native path, same host: the client's pid and the address in it where it
+  // holds WELCOME's direct_nonce; the daemon reads it there (cross-memory
+  // attach) before it writes batches into that process. 0: over UCX only.
+  std::uint32_t pid = 0;
+  std::uint64_t proof_address = 0;
 };
 
 // kPythonBlob: the generic Python path. Batches are blobs of varying size
@@ -89,6 +95,7 @@ struct Configured {
   std::uint64_t sample_bytes = 0;
   std::uint64_t labels_offset = 0;
   std::uint64_t batch_bytes = 0;
+  bool direct = false;  // the daemon writes batches straight into the addresses PRODUCE names
 };
 
 struct Produce {
@@ -97,6 +104,7 @@ struct Produce {
   std::uint64_t epoch = 0;
   std::uint64_t batch = 0;    // the batch id, echoed back
   std::vector<std::uint64_t> indices;  // 1 .. batch_size sample indices
+  std::uint64_t address = 0;  // a direct connection: the buffer (batch_bytes) to write; else 0 (UCX)
 };
 
 struct Skipped {

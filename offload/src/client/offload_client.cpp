@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -33,6 +34,7 @@ struct OffloadClient::Lease {
   ucs_status_t recv_status = UCS_INPROGRESS;
   std::size_t recv_bytes = 0;
   std::uint32_t asked = 0;  // indices in the PRODUCE
+  bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
 
@@ -66,7 +68,7 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
 }
 
 OffloadClient::~OffloadClient() {
-  socket_->fd.reset();
+  close_direct();
   try {
     release_receives();
   } catch (const std::exception& e) {
@@ -76,7 +78,7 @@ OffloadClient::~OffloadClient() {
 
 void OffloadClient::fail(Errc code, const std::string& why) {
   if (!failure_) {
-    socket_->fd.reset();
+    close_direct();
     for (const auto& [id, lease] : leases_) lost_.push_back(id);
     release_receives();
     leases_.clear();
@@ -93,6 +95,32 @@ void OffloadClient::fail(Errc code, const std::string& why) {
 bool OffloadClient::daemon_gone() const {
   return welcome_.pid != 0 && welcome_.host == host_identity() && ::kill(static_cast<pid_t>(welcome_.pid), 0) != 0 &&
          errno == ESRCH;
+}
+
+void OffloadClient::close_direct() {
+  const int fd = socket_->fd.get();
+  const bool open_direct = std::any_of(leases_.begin(), leases_.end(), [](const auto& kv) {
+    return kv.second->direct && !kv.second->answer;
+  });
+  if (fd >= 0 && open_direct) {
+    // The daemon writes on its event loop, which also closes its side when it
+    // reads our end of stream: its end of stream means no write is running.
+    ::shutdown(fd, SHUT_WR);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    std::uint8_t buf[4096];
+    while (!daemon_gone()) {
+      pollfd p{fd, POLLIN, 0};
+      if (Clock::now() > deadline) {
+        log().error("offload client {}: the daemon did not close within 5 s; it may still write into {}", address_,
+                    "the buffers of its open leases");
+        break;
+      }
+      if (::poll(&p, 1, 100) < 0 && errno != EINTR) break;
+      const ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    }
+  }
+  socket_->fd.reset();
 }
 
 bool OffloadClient::progress_worker() {
@@ -253,6 +281,11 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   m.python = config.python;
   m.seed = config.seed;
   m.batch_size = config.batch_size;
+  if (options_.direct && config.python.empty() && welcome_.host == host_identity()) {
+    direct_proof_ = welcome_.direct_nonce;
+    m.pid = static_cast<std::uint32_t>(::getpid());
+    m.proof_address = reinterpret_cast<std::uintptr_t>(direct_proof_.data());
+  }
   send(MsgType::kConfigure, protocol::encode(m));
   const protocol::Frame answer = await(MsgType::kConfigured, "CONFIGURE");
   if (answer.type == MsgType::kError) {
@@ -260,6 +293,7 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
     throw_error(Errc::kInvalidArgument, "dlop-offloader at " + address_ + " refused the configuration: " + e.message);
   }
   const auto configured = protocol::decode<protocol::Configured>(answer.payload);
+  if (configured.direct && m.pid == 0) fail(Errc::kProtocol, "CONFIGURED direct writes that were not offered");
   if ((configured.dtype == protocol::Dtype::kPythonBlob) != !config.python.empty()) {
     fail(Errc::kProtocol, "CONFIGURED for the other path (native or Python) than asked");
   }
@@ -288,10 +322,15 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
   state->id = lease;
   state->batch = batch;
   state->asked = static_cast<std::uint32_t>(indices.size());
-  // Post before asking, so the batch finds its buffer (no unexpected-message copy).
-  post_receive(*state, buffer, l.batch_bytes);
+  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end()), 0};
+  if (l.direct) {
+    state->direct = true;
+    m.address = reinterpret_cast<std::uintptr_t>(buffer);
+  } else {
+    // Post before asking, so the batch finds its buffer (no unexpected-message copy).
+    post_receive(*state, buffer, l.batch_bytes);
+  }
   leases_.emplace(lease, std::move(state));
-  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end())};
   send(MsgType::kProduce, protocol::encode(m));
 }
 
@@ -310,7 +349,7 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
   state->asked = static_cast<std::uint32_t>(indices.size());
   state->buffer_for = std::move(buffer_for);
   leases_.emplace(lease, std::move(state));
-  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end())};
+  protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end()), 0};
   send(MsgType::kProduce, protocol::encode(m));
 }
 
@@ -345,6 +384,13 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
   }
   Lease& lease = *it->second;
   lease.answer = frame;
+  if (lease.direct) {
+    // Written (BATCH_READY) or never to be (CANCELED, ERROR): the buffer is ours.
+    lease.received = true;
+    lease.recv_status = UCS_OK;
+    if (frame.type == MsgType::kBatchReady) lease.recv_bytes = protocol::decode<protocol::BatchReady>(frame.payload).bytes;
+    return;
+  }
   if (lease.buffer_for && !late_error) {
     if (frame.type != MsgType::kBatchReady) {
       lease.received = true;  // nothing was posted, nothing will come

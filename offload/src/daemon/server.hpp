@@ -61,6 +61,7 @@ class Server {
   struct Lease {
     LeaseState state = LeaseState::kQueued;
     bool canceled = false;
+    std::uint64_t address = 0;  // a direct connection's buffer in the client; 0: over UCX
   };
   struct Conn {
     std::uint64_t id = 0;
@@ -77,6 +78,8 @@ class Server {
     std::shared_ptr<const Dataset> dataset;
     std::unique_ptr<PythonWorkers> python;  // the generic Python path's workers, killed with the connection
     std::uint64_t endpoint = 0;  // UcxSender id, 0 until CONFIGURE
+    protocol::Nonce direct_nonce{};  // sent in WELCOME; a same-host client shows it back from its memory
+    std::uint32_t direct_pid = 0;    // nonzero: batches are written straight into this client process
     std::map<std::uint64_t, Lease> leases;
     bool closed = false;
   };
@@ -104,6 +107,8 @@ class Server {
   void on_produce(Conn& c, protocol::Produce m);
   void on_cancel(Conn& c, std::uint64_t lease);
   void on_results();
+  // Writes a finished batch straight into its direct client and answers.
+  void write_direct(Conn& c, JobResult& r, std::uint64_t address);
   void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,
                bool announced);
   std::shared_ptr<const Source> open_source_cached(const std::string& path);

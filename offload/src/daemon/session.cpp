@@ -1,5 +1,9 @@
 // What the frames of an authenticated (or authenticating) connection mean.
+#include <sys/uio.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -18,6 +22,18 @@ namespace {
 // The largest batch buffer a client may ask for: a bound on the daemon's
 // staging memory (a few of these at once), far above any sensible batch.
 constexpr std::uint64_t kMaxBatchBytes = 2ull << 30;
+
+// Whether process `pid` holds `nonce` at `address`: the client that asked for
+// direct writes proves so that it is that process (only it, or whoever may
+// already write its memory, can have put there the random bytes this
+// connection's WELCOME carried).
+bool holds_nonce(std::uint32_t pid, std::uint64_t address, const protocol::Nonce& nonce) {
+  protocol::Nonce seen{};
+  iovec local{seen.data(), seen.size()};
+  iovec remote{reinterpret_cast<void*>(address), seen.size()};
+  return ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(seen.size()) &&
+         seen == nonce;
+}
 
 }  // namespace
 
@@ -56,8 +72,9 @@ void Server::on_hello(Conn& c, const protocol::Frame& frame) {
   c.authenticated = true;
   c.peer += " (" + hello.client_name + ")";
   log().info("offloader: connection {} authenticated: {}", c.id, c.peer);
+  c.direct_nonce = protocol::random_nonce();
   reply(c, protocol::Welcome{static_cast<std::uint32_t>(options_.threads), static_cast<std::uint32_t>(::getpid()),
-                             options_.name, host_identity()});
+                             options_.name, host_identity(), c.direct_nonce});
 }
 
 std::shared_ptr<const Source> Server::open_source_cached(const std::string& path) {
@@ -100,10 +117,15 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
     const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
     c.endpoint = endpoint;
+    if (m.pid != 0 && m.host == host_identity() && holds_nonce(m.pid, m.proof_address, c.direct_nonce)) {
+      c.direct_pid = m.pid;
+      layout.direct = true;
+    }
     c.dataset =
         std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), false, m.seed, m.batch_size, layout});
-    log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}", c.id, m.source,
-               layout.dataset_size, m.batch_size, layout.channels, layout.height, layout.width);
+    log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}, {}", c.id, m.source,
+               layout.dataset_size, m.batch_size, layout.channels, layout.height, layout.width,
+               layout.direct ? "direct writes into pid " + std::to_string(c.direct_pid) : std::string("over UCX"));
     reply(c, layout);
   } catch (const std::exception& e) {
     // A bad spec, a missing source or an unusable worker address: the client
@@ -160,7 +182,13 @@ void Server::on_produce(Conn& c, protocol::Produce m) {
                                                      std::to_string(c.dataset->layout.dataset_size) + " samples)");
     }
   }
-  c.leases.emplace(m.lease, Lease{});
+  if (m.address != 0 && c.direct_pid == 0) {
+    return refuse(ErrorCode::kBadRequest, "PRODUCE names a buffer address, but this connection is not direct");
+  }
+  if (m.address == 0 && c.direct_pid != 0) {
+    return refuse(ErrorCode::kBadRequest, "PRODUCE on a direct connection without a buffer address");
+  }
+  c.leases.emplace(m.lease, Lease{LeaseState::kQueued, false, m.address});
   Job job{c.id, m.lease, m.epoch, m.batch, std::move(m.indices), c.dataset};
   if (c.python) return c.python->submit(std::move(job));
   executor_->submit(std::move(job));
@@ -197,6 +225,12 @@ void Server::on_results() {
       c->leases.erase(li);
       continue;
     }
+    if (li->second.address != 0) {
+      const std::uint64_t address = li->second.address;
+      c->leases.erase(li);
+      write_direct(*c, r, address);
+      continue;
+    }
     li->second.state = LeaseState::kSending;
     // A Python batch's size is known only now: BATCH_READY goes first, and the
     // client posts its receive for that many bytes (see OffloadClient).
@@ -215,6 +249,27 @@ void Server::on_results() {
                    on_sent(conn, lease, std::move(ready), status, announce);
                  });
   }
+}
+
+// On the event loop, like closing a connection: once the client sees its
+// connection closed, nothing more is written into it.
+void Server::write_direct(Conn& c, JobResult& r, std::uint64_t address) {
+  const auto start = Clock::now();
+  iovec local{r.staging.data.get(), r.bytes};
+  iovec remote{reinterpret_cast<void*>(address), r.bytes};
+  const ssize_t wrote = ::process_vm_writev(static_cast<pid_t>(c.direct_pid), &local, 1, &remote, 1, 0);
+  const int err = errno;
+  executor_->release(std::move(r.staging));
+  if (wrote == static_cast<ssize_t>(r.bytes)) {
+    stats_.send.add(1, Clock::now() - start, r.ready.bytes);
+    stats_.batches_ready.fetch_add(1, std::memory_order_relaxed);
+    return reply(c, r.ready);
+  }
+  stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+  const std::string why = "writing " + std::to_string(r.bytes) + " bytes into pid " + std::to_string(c.direct_pid) +
+                          " failed: " + (wrote < 0 ? std::strerror(err) : "short write");
+  if (wrote < 0 && err == ESRCH) return close_conn(c, "the trainer is gone (" + why + ")", false);
+  reply(c, protocol::ErrorMsg{r.job.lease, ErrorCode::kInternal, why});
 }
 
 void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,

@@ -55,6 +55,7 @@ Bytes encode(const Welcome& m) {
     w.u32(m.pid);
     w.str(m.daemon_name);
     w.str(m.host);
+    w.fixed(m.direct_nonce);
   });
 }
 
@@ -66,6 +67,7 @@ Welcome decode<Welcome>(std::span<const std::uint8_t> p) {
   m.pid = r.u32();
   m.daemon_name = r.str(kMaxName);
   m.host = r.str(kMaxName);
+  m.direct_nonce = r.fixed<32>();
   r.finish("WELCOME");
   return m;
 }
@@ -79,6 +81,8 @@ Bytes encode(const Configure& m) {
     w.bytes(m.python);
     w.u64(m.seed);
     w.u32(m.batch_size);
+    w.u32(m.pid);
+    w.u64(m.proof_address);
   });
 }
 
@@ -95,6 +99,8 @@ Configure decode<Configure>(std::span<const std::uint8_t> p) {
   m.python.assign(python.begin(), python.end());
   m.seed = r.u64();
   m.batch_size = r.u32();
+  m.pid = r.u32();
+  m.proof_address = r.u64();
   r.finish("CONFIGURE");
   if (m.worker_address.empty()) bad("CONFIGURE without a UCX worker address");
   if (m.batch_size == 0 || m.batch_size > kMaxBatch) bad("CONFIGURE batch size " + std::to_string(m.batch_size) + " out of range");
@@ -112,6 +118,7 @@ Bytes encode(const Configured& m) {
     w.u64(m.sample_bytes);
     w.u64(m.labels_offset);
     w.u64(m.batch_bytes);
+    w.u8(m.direct ? 1 : 0);
   });
 }
 
@@ -130,9 +137,12 @@ Configured decode<Configured>(std::span<const std::uint8_t> p) {
   m.sample_bytes = r.u64();
   m.labels_offset = r.u64();
   m.batch_bytes = r.u64();
+  const std::uint8_t direct = r.u8();
+  if (direct > 1) bad("CONFIGURED with direct " + std::to_string(direct));
+  m.direct = direct == 1;
   r.finish("CONFIGURED");
   if (m.dtype == Dtype::kPythonBlob) {
-    if (m.channels != 0 || m.height != 0 || m.width != 0 || m.sample_bytes != 0 || m.labels_offset != 0 ||
+    if (m.direct || m.channels != 0 || m.height != 0 || m.width != 0 || m.sample_bytes != 0 || m.labels_offset != 0 ||
         m.batch_bytes != 0) {
       bad("CONFIGURED for the Python path with a batch layout");
     }
@@ -156,6 +166,7 @@ Bytes encode(const Produce& m) {
     w.u64(m.batch);
     w.u32(static_cast<std::uint32_t>(m.indices.size()));
     for (const std::uint64_t i : m.indices) w.u64(i);
+    w.u64(m.address);
   });
 }
 
@@ -169,6 +180,7 @@ Produce decode<Produce>(std::span<const std::uint8_t> p) {
   const std::size_t n = r.count(8);
   m.indices.resize(n);
   for (auto& i : m.indices) i = r.u64();
+  m.address = r.u64();
   r.finish("PRODUCE");
   if (m.lease == 0) bad("PRODUCE with lease 0 (reserved)");
   if (n == 0 || n > kMaxBatch) bad("PRODUCE with " + std::to_string(n) + " indices");

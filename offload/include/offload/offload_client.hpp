@@ -161,6 +161,8 @@ class OffloadClient {
   // buffers (it closed the connection or died); then closes the socket.
   void close_direct();
   bool progress_worker();
+  // Configured for direct writes: no lease of this client uses UCX.
+  bool direct() const { return layout_ && layout_->direct; }
   // The daemon ran on this host and its process no longer exists.
   bool daemon_gone() const;
 

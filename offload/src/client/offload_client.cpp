@@ -190,10 +190,16 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
   if (failure_) throw *failure_;
   std::vector<protocol::Frame> frames;
   pollfd fds[2] = {{socket_->fd.get(), POLLIN, 0}, {options_.worker->event_fd(), POLLIN, 0}};
-  const bool armed = timeout.count() > 0 && !progress_worker() && options_.worker->arm();
-  const int n = ::poll(fds, armed ? 2 : 1, armed ? static_cast<int>(timeout.count()) : 0);
+  int n = 0;
+  if (direct()) {
+    // Nothing of this client's goes through UCX: the socket says it all.
+    n = ::poll(fds, 1, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
+  } else {
+    const bool armed = timeout.count() > 0 && !progress_worker() && options_.worker->arm();
+    n = ::poll(fds, armed ? 2 : 1, armed ? static_cast<int>(timeout.count()) : 0);
+  }
   if (n < 0 && errno != EINTR) fail(Errc::kSystem, std::string("poll: ") + std::strerror(errno));
-  progress_worker();
+  if (!direct()) progress_worker();
   if (n <= 0 || fds[0].revents == 0) return frames;
   std::uint8_t buf[64 * 1024];
   while (true) {
@@ -448,7 +454,9 @@ void OffloadClient::collect() {
 }
 
 std::vector<int> OffloadClient::wake_fds() {
-  if (failure_ || !ready_.empty() || progress_worker() || !options_.worker->arm()) return {};
+  if (failure_ || !ready_.empty()) return {};
+  if (direct()) return {socket_->fd.get()};
+  if (progress_worker() || !options_.worker->arm()) return {};
   return {socket_->fd.get(), options_.worker->event_fd()};
 }
 

@@ -5,9 +5,10 @@ Their lifetime is bound to `dlop run`'s process three ways:
 - the command exits (or `dlop run` takes SIGINT/SIGTERM/SIGHUP, which it
   forwards to the command): `dlop run` sends each daemon SIGTERM, waits for it,
   then SIGKILLs one that has not exited within a few seconds;
-- `dlop run` is SIGKILLed: every daemon was started with
-  prctl(PR_SET_PDEATHSIG, SIGTERM), so the kernel sends it SIGTERM when
-  `dlop run` dies (the daemon takes SIGTERM through its signalfd and stops);
+- `dlop run` is SIGKILLed: every daemon, and the command, was started with
+  prctl(PR_SET_PDEATHSIG, SIGTERM), so the kernel sends each SIGTERM when
+  `dlop run` dies (the daemon takes SIGTERM through its signalfd and stops;
+  the command, its offloaders gone, stops as SIGTERM makes it);
 - each daemon runs in a process group of its own, so a terminal's Ctrl-C
   reaches the training command but not the daemons it is still using.
 

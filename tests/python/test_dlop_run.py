@@ -427,7 +427,8 @@ def _alive(pid: int) -> bool:
 def test_local_offloaders_make_every_batch_and_are_gone_after(setup, plain):
     """`dlop run -- python train.py`: no daemon given, so dlop run starts them here, with a fresh token."""
     data, script, keys = setup
-    done = run(dlop_run("--local-offloaders", "2", "--", "python", str(script), str(data)), DLOP_LOG_LEVEL="info")
+    done = run(dlop_run("--local-offloaders", "2", "--", "python", str(script), str(data)), timeout=400,
+               DLOP_LOG_LEVEL="info")
     daemons = _started(done.stderr)
     assert len(daemons) == 2
     # The local daemons did the work: configured with this dataset (their log is dlop run's stderr),
@@ -453,7 +454,7 @@ def test_the_default_is_one_daemon_per_spare_core():
     assert trainer_ranks(["python", "-m", "torch.distributed.run", "--nproc-per-node", "5", "t.py"]) == 5
     assert default_count(["python", "train.py"]) == max(1, cores - 1)
     assert default_count(["torchrun", "--nproc-per-node", str(cores + 4), "t.py"]) == 1
-    done = run(dlop_run("--", "python", "-c", "pass"))
+    done = run(dlop_run("--", "python", "-c", "pass"), timeout=300)
     assert len(_started(done.stderr)) == max(1, cores - 1)
 
 

@@ -27,7 +27,8 @@ peer_failed=""
 if ! "${ddp[@]}" --dist-backend gloo 2>&1 | tee "$work/gloo.log"; then
   status=${PIPESTATUS[0]}
   # torchrun's summary names the failed rank and its exit code or signal; the rank's own last words say why.
-  how=$(grep -E "terminate called|exitcode|Signal [0-9]+ \(|Error:" "$work/gloo.log" | sed 's/^[[:space:]]*//' | sort -u | head -4 | paste -sd ";" - || true)
+  how=$(grep -E "terminate called|exitcode|Signal [0-9]+ \(|Error:" "$work/gloo.log" | sed 's/^[[:space:]]*//' |
+    sort -u | head -4 | paste -sd ";" - || true)
   peer_failed="the Gloo comparison run failed (torchrun exit status $status: ${how:-see its output above})"
   echo "== NOTE: $peer_failed."
   echo "== This is the peer's run, not dlop's: the demo goes on, and its exit status is that of dlop's runs."

@@ -10,7 +10,9 @@ one; --local-offloaders N to choose) with a fresh token, runs the command as
 its child (forwarding SIGINT, SIGTERM and SIGHUP to it), stops the daemons
 when it exits and exits with its status; see dlop.local_offloaders for how
 they also go when `dlop run` is killed. Otherwise the command replaces this
-process (exec: signals and the exit status are the command's). dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
+process (exec: signals and the exit status are the command's).
+
+dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
 PYTHONPATH, so every Python the command starts, torchrun's ranks included,
 loads it; it patches ``torch.utils.data.DataLoader.__iter__`` once torch's
 data module is imported, and costs nothing elsewhere. Iterating a DataLoader

@@ -1,5 +1,6 @@
 """Ways to start backend "dlop": init methods tcp://, file://, env://; torchrun;
-mpirun and srun (its environment, set here as srun sets it) with dlop.init(); and an unmodified script that never imports dlop and
+mpirun and srun (its environment, set here as srun sets it) with dlop.init();
+and an unmodified script that never imports dlop and
 only names backend="dlop" (torch finds it through dlop's entry points).
 
 This file is also the script the launchers run: ``python test_c10d_launch.py CASE``.
@@ -213,9 +214,11 @@ def _slurm_job_id_with_free_port() -> tuple[int, int]:
     raise AssertionError("no free port in 20000-39999")
 
 
-def _run_srun_like(tmp_path, tasks_per_node: list[int], nodelist: str, job_id: int) -> list[subprocess.CompletedProcess]:
+def _run_srun_like(tmp_path, tasks_per_node: list[int], nodelist: str,
+                   job_id: int) -> list[subprocess.CompletedProcess]:
     env = {k: v for k, v in python_env({"C10D_RESULTS": str(tmp_path)}).items() if not k.startswith(_LAUNCHER_VARS)}
-    procs = [subprocess.Popen([sys.executable, HERE, "slurm"], env={**env, **_srun_env(r, tasks_per_node, nodelist, job_id)},
+    procs = [subprocess.Popen([sys.executable, HERE, "slurm"],
+                              env={**env, **_srun_env(r, tasks_per_node, nodelist, job_id)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(sum(tasks_per_node))]
     try:
@@ -243,8 +246,7 @@ def test_srun_dlop_init(tasks_per_node, nodelist, master, tmp_path):
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     world = sum(tasks_per_node)
     lines = sorted(p.read_text().strip() for p in tmp_path.iterdir())
-    local = [r - sum(tasks_per_node[:i]) for i, n in enumerate(tasks_per_node) for r in range(sum(tasks_per_node[:i]),
-                                                                                              sum(tasks_per_node[:i + 1]))]
+    local = [k for n in tasks_per_node for k in range(n)]  # block distribution: 0..n-1 on each node
     assert lines == [f"RESULT rank={r} world={world} local={local[r]} master={master}:{port} ok=True"
                      for r in range(world)]
 

@@ -403,7 +403,8 @@ def test_a_generic_dataset_and_collate_fn_are_offloaded_unmodified(daemon, token
 
 # ------------------------------------------- local offloaders (neither --offloaders nor --discover)
 
-STARTED = re.compile(r"dlop run: started (\d+) local dlop-offloader daemon\(s\): (.*); they stop when the command exits")
+STARTED = re.compile(r"dlop run: started (\d+) local dlop-offloader daemon\(s\): (.*); "
+                     r"they stop when the command exits")
 
 
 def _started(stderr: str) -> list[tuple[str, int]]:

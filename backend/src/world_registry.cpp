@@ -1,6 +1,7 @@
 #include "world_registry.hpp"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -21,28 +22,29 @@ constexpr const char* kPeerDeadKey = "dlop_peer_dead";
 
 }  // namespace
 
-// Shared with the polling thread, which may outlive the channel (see ~FaultChannel).
+// Shared by the channel and its poller.
 struct FaultChannel::State {
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;  // the group's, for report()
+  c10::intrusive_ptr<c10d::Store> polled;  // the poller's own connection where the store can clone one
   int rank = 0;
+  std::chrono::milliseconds every{200};
   std::mutex mutex;
   std::condition_variable wake;
   bool stop = false;
-  bool done = false;  // the thread has returned
+  bool done = false;  // the poller has returned
   bool reported = false;
   std::vector<std::weak_ptr<sched::Communicator>> watched;
 
   void run() {
     pthread_setname_np(pthread_self(), "dlop-faults");
-    const auto every = std::max(config().watchdog, std::chrono::milliseconds(100)) * 2;
     std::unique_lock lock(mutex);
     while (!wake.wait_for(lock, every, [&] { return stop; })) {
       lock.unlock();
       std::string notice;
       bool failed = false;
       try {
-        if (store->check({kPeerDeadKey})) {
-          const auto bytes = store->get(kPeerDeadKey);
+        if (polled->check({kPeerDeadKey})) {
+          const auto bytes = polled->get(kPeerDeadKey);
           notice.assign(bytes.begin(), bytes.end());
         }
       } catch (const std::exception& e) {
@@ -63,25 +65,47 @@ struct FaultChannel::State {
       break;
     }
     done = true;
-    wake.notify_all();
   }
 };
+
+namespace {
+
+// exit() joins the live channel's poller before static destructors run (the
+// logger's among them): a process may exit without destroying its groups.
+void stop_fault_channel_at_exit() {
+  std::shared_ptr<FaultChannel> channel;
+  {
+    std::lock_guard lock(registry_mutex);
+    channel = fault_channel.lock();
+  }
+  if (channel) channel->stop();
+}
+
+}  // namespace
 
 FaultChannel::FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank) : state_(std::make_shared<State>()) {
   state_->store = std::move(store);
   state_->rank = rank;
-  std::thread([state = state_] { state->run(); }).detach();
+  state_->every = std::max(config().watchdog, std::chrono::milliseconds(100)) * 2;
+  try {
+    state_->polled = state_->store->clone();
+  } catch (const std::exception& e) {  // a store without clone(): the poller shares the group's
+    log().debug("rank {}: fault channel polls the group's own store connection: {}", rank, e.what());
+    state_->polled = state_->store;
+  }
+  poller_ = std::thread([state = state_] { state->run(); });
 }
 
-FaultChannel::~FaultChannel() {
-  std::unique_lock lock(state_->mutex);
-  state_->stop = true;
-  state_->wake.notify_all();
-  // A poll normally returns within a round trip to the store; one that hangs
-  // (the store's host vanished) must not hold up shutdown or exit.
-  if (!state_->wake.wait_for(lock, std::chrono::seconds(2), [&] { return state_->done; })) {
-    log().warn("rank {}: the fault channel's store poll did not return; leaving it behind", state_->rank);
+FaultChannel::~FaultChannel() { stop(); }
+
+void FaultChannel::stop() {
+  std::lock_guard joining(stop_mutex_);
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stop = true;
   }
+  state_->wake.notify_all();
+  if (poller_.joinable()) poller_.join();
 }
 
 void FaultChannel::report(const std::string& what) {
@@ -106,6 +130,8 @@ void FaultChannel::watch(const std::shared_ptr<sched::Communicator>& comm) {
 std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank) {
   std::lock_guard lock(registry_mutex);
   if (default_store) {
+    static const bool registered = std::atexit(stop_fault_channel_at_exit) == 0;
+    if (!registered) log().warn("rank {}: could not register the fault channel's exit hook", rank);
     auto channel = std::make_shared<FaultChannel>(default_store, rank);
     fault_channel = channel;
     return channel;

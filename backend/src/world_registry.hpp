@@ -6,7 +6,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "scheduler/communicator.hpp"
@@ -45,9 +47,14 @@ std::shared_ptr<CompletionQueue> shared_completion_queue();
 class FaultChannel {
  public:
   struct State;
-  // Polls `store` (the default group's) from a thread of its own.
+  // Polls `store` (the default group's) from a thread this channel owns, over
+  // a connection of its own (store->clone()) where the store can make one.
   explicit FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank);
-  ~FaultChannel();  // stops polling (a poll stuck on a vanished store is left behind)
+  // Stops the poller and joins it. A poll in flight finishes first: a round
+  // trip to the store, or an error at once if the store's host rank exited;
+  // a store whose host vanished from the network holds it for up to the
+  // store's timeout.
+  ~FaultChannel();
   FaultChannel(const FaultChannel&) = delete;
   FaultChannel& operator=(const FaultChannel&) = delete;
 
@@ -55,9 +62,13 @@ class FaultChannel {
   void report(const std::string& what);
   // Aborted when a report (this rank's or another's) arrives.
   void watch(const std::shared_ptr<sched::Communicator>& comm);
+  // Stops and joins the poller (idempotent); the destructor and exit() call it.
+  void stop();
 
  private:
   std::shared_ptr<State> state_;
+  std::thread poller_;  // joined by stop()
+  std::mutex stop_mutex_;  // one joiner at a time
 };
 
 // The live default group's channel; null when there is none. default_store:

@@ -84,8 +84,8 @@ def _autoload() -> None:
     register_backend()
 
 
-def _launcher_rank_size() -> tuple[int, int, int] | None:
-    """(rank, size, local rank) from Open MPI, MPICH/PMI or SLURM, if launched by one."""
+def _launcher_rank_size() -> tuple[int, int, int, str] | None:
+    """(rank, size, local rank, rank variable) from Open MPI, MPICH/PMI or SLURM, if launched by one."""
     env = os.environ
     for rank_var, size_var, local_var in (
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
@@ -93,8 +93,32 @@ def _launcher_rank_size() -> tuple[int, int, int] | None:
         ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
     ):
         if rank_var in env and size_var in env:
-            return int(env[rank_var]), int(env[size_var]), int(env.get(local_var, "0"))
+            try:
+                return int(env[rank_var]), int(env[size_var]), int(env.get(local_var, "0")), rank_var
+            except ValueError:
+                raise RuntimeError(f"dlop.init: {rank_var}={env[rank_var]!r}, {size_var}={env[size_var]!r}, "
+                                   f"{local_var}={env.get(local_var)!r}: not numbers") from None
     return None
+
+
+def _slurm_rendezvous(env) -> None:
+    """MASTER_ADDR (the step's first node) and MASTER_PORT (from the job id) under srun, where not set."""
+    from dlop import _slurm
+
+    try:
+        if "MASTER_ADDR" not in env:
+            addr = _slurm.master_addr(env)
+            if addr is None and int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1"))) > 1:
+                raise ValueError("dlop.init: a job on several nodes, and neither MASTER_ADDR nor "
+                                 "SLURM_STEP_NODELIST/SLURM_JOB_NODELIST names the first one")
+            if addr is not None:
+                env["MASTER_ADDR"] = addr
+        if "MASTER_PORT" not in env:
+            port = _slurm.master_port(env)
+            if port is not None:
+                env["MASTER_PORT"] = port
+    except ValueError as e:
+        raise RuntimeError(str(e)) from None
 
 
 def init(timeout: datetime.timedelta | None = None, init_method: str | None = None) -> None:
@@ -102,8 +126,10 @@ def init(timeout: datetime.timedelta | None = None, init_method: str | None = No
 
     Under torchrun (RANK/WORLD_SIZE set) this is init_process_group("dlop").
     Under mpirun or srun it takes rank and size from the launcher's variables,
-    sets RANK, WORLD_SIZE and LOCAL_RANK, and rendezvous at MASTER_ADDR:MASTER_PORT
-    (default 127.0.0.1:29500; set MASTER_ADDR to the first host for several hosts).
+    sets RANK, WORLD_SIZE and LOCAL_RANK, and rendezvous at MASTER_ADDR:MASTER_PORT.
+    Where those are unset: under srun, the first host of SLURM_STEP_NODELIST
+    (else SLURM_JOB_NODELIST) and port 20000 + SLURM_JOB_ID % 20000; else
+    127.0.0.1:29500 (set MASTER_ADDR to the first host for several hosts).
     """
     import torch.distributed as dist
 
@@ -116,7 +142,9 @@ def init(timeout: datetime.timedelta | None = None, init_method: str | None = No
                 "dlop.init: no rank and size found: launch with torchrun (RANK, WORLD_SIZE), "
                 "mpirun (OMPI_COMM_WORLD_RANK/SIZE), PMI or srun (SLURM_PROCID, SLURM_NTASKS)"
             )
-        rank, size, local_rank = launched
+        rank, size, local_rank, rank_var = launched
+        if rank_var == "SLURM_PROCID":
+            _slurm_rendezvous(env)
         env.setdefault("LOCAL_RANK", str(local_rank))
         env["RANK"] = str(rank)
         env["WORLD_SIZE"] = str(size)

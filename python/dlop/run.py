@@ -1,10 +1,18 @@
 """dlop run: an unmodified training script, its DataLoaders' work offloaded.
 
+    dlop run [--local-offloaders N] -- python train.py ARGS...
     dlop run --offloaders HOST:PORT[,...] [--token-file F] -- python train.py ARGS...
     dlop run --discover [--token-file F] -- torchrun --nproc-per-node 2 train.py ARGS...
 
-The command replaces this process (exec: signals and the exit status are the
-command's). dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
+With neither --offloaders nor --discover, `dlop run` starts dlop-offloader
+daemons on this host (one per core the command's ranks leave spare, at least
+one; --local-offloaders N to choose) with a fresh token, runs the command as
+its child (forwarding SIGINT, SIGTERM and SIGHUP to it), stops the daemons
+when it exits and exits with its status; see dlop.local_offloaders for how
+they also go when `dlop run` is killed. Otherwise the command replaces this
+process (exec: signals and the exit status are the command's).
+
+dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
 PYTHONPATH, so every Python the command starts, torchrun's ranks included,
 loads it; it patches ``torch.utils.data.DataLoader.__iter__`` once torch's
 data module is imported, and costs nothing elsewhere. Iterating a DataLoader
@@ -31,6 +39,8 @@ import argparse
 import atexit
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import warnings
@@ -49,28 +59,45 @@ def _check_address(text: str, what: str) -> str:
     return text
 
 
-def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """(command, its environment) for `dlop run ARGV`."""
+def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str], int | None]:
+    """(command, its environment, how many local offloaders to start or None) for `dlop run ARGV`.
+
+    With local offloaders the environment lacks DLOP_RUN_OFFLOADERS and the
+    token, which :func:`main` adds once the daemons listen."""
     own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = argparse.ArgumentParser(prog="dlop run", usage="dlop run (--offloaders HOST:PORT[,...] | --discover) "
-                                "[--token-file F] [--store HOST:PORT] -- COMMAND [ARGS...]",
-                                description="Run a training command with its DataLoaders offloaded to dlop-offloader daemons.")
+    p = argparse.ArgumentParser(prog="dlop run", usage="dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] "
+                                "| --discover] [--token-file F] [--store HOST:PORT] -- COMMAND [ARGS...]",
+                                description="Run a training command with its DataLoaders offloaded to dlop-offloader "
+                                            "daemons (started on this host unless --offloaders or --discover).")
     p.add_argument("--offloaders", default="", help="comma-separated HOST:PORT of dlop-offloader daemons")
     p.add_argument("--discover", action="store_true", help="also use the offloaders announced in the job's c10d store")
     p.add_argument("--store", help="with --discover: this TCPStore instead of the default process group's")
     p.add_argument("--token-file", help="the offloaders' shared token (default: DLOP_OFFLOAD_TOKEN)")
+    p.add_argument("--local-offloaders", type=int, metavar="N",
+                   help="start N dlop-offloader daemons on this host for the command's lifetime (the default "
+                        "without --offloaders or --discover: one per core the command's ranks leave spare)")
     args = p.parse_args(own)
     if not command:
-        p.error("no command: put it after --, e.g. dlop run --offloaders 10.0.0.5:7001 -- python train.py")
+        p.error("no command: put it after --, e.g. dlop run -- python train.py")
     addresses = [_check_address(a.strip(), "offloader address") for a in args.offloaders.split(",") if a.strip()]
-    if not addresses and not args.discover:
-        p.error("give --offloaders HOST:PORT[,...] or --discover")
     if args.store and not args.discover:
         p.error("--store only means something with --discover")
     env = dict(base)
-    env["DLOP_RUN_OFFLOADERS"] = ",".join(addresses)
     env.pop("DLOP_RUN_DISCOVER", None)
     env.pop("DLOP_RUN_STORE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
+    if not addresses and not args.discover:
+        from dlop.local_offloaders import default_count
+
+        if args.token_file:
+            p.error("--token-file is for daemons started elsewhere: the local ones get a fresh token")
+        count = default_count(command) if args.local_offloaders is None else args.local_offloaders
+        if count < 1:
+            p.error(f"--local-offloaders {count}: at least 1")
+        return command, env, count
+    if args.local_offloaders is not None:
+        p.error("--local-offloaders starts daemons here: it does not go with --offloaders or --discover")
+    env["DLOP_RUN_OFFLOADERS"] = ",".join(addresses)
     if args.discover:
         env["DLOP_RUN_DISCOVER"] = "1"
     if args.store:
@@ -84,14 +111,37 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
         env["DLOP_OFFLOAD_TOKEN_FILE"] = str(path)  # the path, not the secret, goes in the environment
     elif not env.get("DLOP_OFFLOAD_TOKEN") and not env.get("DLOP_OFFLOAD_TOKEN_FILE"):
         raise SystemExit("dlop run: no token: pass --token-file or set DLOP_OFFLOAD_TOKEN")
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
-    return command, env
+    return command, env, None
+
+
+def _run_with_local_offloaders(command: list[str], env: dict[str, str], count: int) -> int:
+    from dlop.local_offloaders import LocalOffloaders, die_with_parent
+
+    with LocalOffloaders(count) as daemons:
+        print(daemons.describe(), file=sys.stderr, flush=True)
+        env = {k: v for k, v in env.items() if k != "DLOP_OFFLOAD_TOKEN"}
+        env["DLOP_RUN_OFFLOADERS"] = ",".join(daemons.addresses)
+        env["DLOP_OFFLOAD_TOKEN_FILE"] = str(daemons.token_file)
+        parent = os.getpid()
+        # The command goes with `dlop run` too, should that be SIGKILLed: its offloaders are gone then.
+        child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
+
+        def forward(signum, _frame):
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, forward)
+        code = child.wait()
+    return code if code >= 0 else 128 - code  # killed by signal N: status 128+N, as a shell reports it
 
 
 def main(argv: list[str] | None = None) -> int:
-    command, env = environment(sys.argv[1:] if argv is None else argv, dict(os.environ))
+    command, env, local = environment(sys.argv[1:] if argv is None else argv, dict(os.environ))
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise SystemExit(f"dlop run: command not found: {command[0]}")
+    if local is not None:
+        return _run_with_local_offloaders(command, env, local)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], command, env)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -330,7 +331,9 @@ def test_the_command_replaces_dlop_run_exit_status_and_pid():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--", "true"], "give --offloaders HOST:PORT[,...] or --discover"),
+    (["--local-offloaders", "0", "--", "true"], "--local-offloaders 0: at least 1"),
+    (["--local-offloaders", "1", "--offloaders", "h:1", "--", "true"], "--local-offloaders starts daemons here"),
+    (["--token-file", "t", "--", "true"], "the local ones get a fresh token"),
     (["--offloaders", "nohost"], "no command: put it after --"),
     (["--offloaders", "nohost", "--", "true"], "offloader address 'nohost' is not HOST:PORT"),
     (["--offloaders", "h:1", "--token-file", "/nonexistent/token", "--", "true"], "token file /nonexistent/token"),
@@ -396,3 +399,103 @@ def test_a_generic_dataset_and_collate_fn_are_offloaded_unmodified(daemon, token
                         sys.executable, str(script)))
     assert done.stdout == want
     assert "dlop run: 6 batches made by dlop-offloader, 0 made locally" in done.stderr, done.stderr
+
+
+# ------------------------------------------- local offloaders (neither --offloaders nor --discover)
+
+STARTED = re.compile(r"dlop run: started (\d+) local dlop-offloader daemon\(s\): (.*); "
+                     r"they stop when the command exits")
+
+
+def _started(stderr: str) -> list[tuple[str, int]]:
+    """(address, pid) of each daemon `dlop run` says it started."""
+    m = STARTED.search(stderr)
+    assert m, stderr
+    daemons = [(a, int(pid)) for a, pid in re.findall(r"(127\.0\.0\.1:\d+) \(pid (\d+)\)", m.group(2))]
+    assert len(daemons) == int(m.group(1))
+    return daemons
+
+
+def _alive(pid: int) -> bool:
+    """A live process with this pid (not a zombie) that is a dlop-offloader or our trainer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_local_offloaders_make_every_batch_and_are_gone_after(setup, plain):
+    """`dlop run -- python train.py`: no daemon given, so dlop run starts them here, with a fresh token."""
+    data, script, keys = setup
+    done = run(dlop_run("--local-offloaders", "2", "--", "python", str(script), str(data)), timeout=400,
+               DLOP_LOG_LEVEL="info")
+    daemons = _started(done.stderr)
+    assert len(daemons) == 2
+    # The local daemons did the work: configured with this dataset (their log is dlop run's stderr),
+    # every batch made by dlop-offloader, in dlop's plan order.
+    assert f"configured: {data}" in done.stderr
+    assert "dlop run: 6 batches made by dlop-offloader, 0 made locally" in done.stderr, done.stderr
+    (r,) = results(done.stdout)
+    for epoch, got in enumerate(r["epochs"]):
+        plan = offload.EpochPlan(len(keys), 4, 0, True, False, 0, 1).batches(epoch)
+        assert got == [[keys[i] for i in batch] for batch in plan]
+        assert samples(got) == samples(plain["epochs"][epoch])
+    assert not any(_alive(pid) for _, pid in daemons)
+
+
+def test_the_default_is_one_daemon_per_spare_core():
+    from dlop.local_offloaders import default_count, trainer_ranks
+
+    cores = len(os.sched_getaffinity(0))
+    assert trainer_ranks(["python", "train.py"]) == 1
+    assert trainer_ranks(["torchrun", "--nproc-per-node", "3", "t.py"]) == 3
+    assert trainer_ranks(["torchrun", "--nproc_per_node=4", "t.py"]) == 4
+    assert trainer_ranks(["mpirun", "-np", "2", "python", "t.py"]) == 2
+    assert trainer_ranks(["python", "-m", "torch.distributed.run", "--nproc-per-node", "5", "t.py"]) == 5
+    assert default_count(["python", "train.py"]) == max(1, cores - 1)
+    assert default_count(["torchrun", "--nproc-per-node", str(cores + 4), "t.py"]) == 1
+    done = run(dlop_run("--", "python", "-c", "pass"), timeout=300)
+    assert len(_started(done.stderr)) == max(1, cores - 1)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_local_offloaders_go_when_dlop_run_is_killed(setup, tmp_path, sig):
+    """Mid-epoch, `dlop run` gets SIGTERM or SIGINT (forwarded to the command, then the daemons are
+    stopped) or SIGKILL (the kernel's parent-death signal stops the daemons and the command)."""
+    data, script, _ = setup
+    gate = tmp_path / "never"
+    proc = subprocess.Popen(dlop_run("--local-offloaders", "2", "--", "python", str(script), str(data)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(TEST_GATE_MID=str(gate)))
+    everyone: list[int] = []
+    try:
+        line = ""
+        while not STARTED.search(line):
+            line = proc.stderr.readline()
+            assert line, "dlop run said nothing about its daemons"
+        daemons = _started(line)
+        assert proc.stdout.readline().strip() == "PAUSED TEST_GATE_MID"  # a batch made, the trainer waits
+        everyone = _children(proc.pid)
+        assert {pid for _, pid in daemons} < set(everyone) and len(everyone) == 3  # two daemons and the command
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        if sig == signal.SIGTERM:
+            assert code == 128 + signal.SIGTERM  # the command's status: killed by the forwarded SIGTERM
+        elif sig == signal.SIGKILL:
+            assert code == -signal.SIGKILL
+        else:
+            assert code != 0
+        _wait(lambda: not any(_alive(pid) for pid in everyone), 30)
+    finally:
+        gate.touch()
+        for pid in everyone:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,139 @@
+"""The dlop-offloader daemons `dlop run` starts on this host when it is given
+neither --offloaders nor --discover, and stops when the command exits.
+
+Their lifetime is bound to `dlop run`'s process three ways:
+- the command exits (or `dlop run` takes SIGINT/SIGTERM/SIGHUP, which it
+  forwards to the command): `dlop run` sends each daemon SIGTERM, waits for it,
+  then SIGKILLs one that has not exited within a few seconds;
+- `dlop run` is SIGKILLed: every daemon, and the command, was started with
+  prctl(PR_SET_PDEATHSIG, SIGTERM), so the kernel sends each SIGTERM when
+  `dlop run` dies (the daemon takes SIGTERM through its signalfd and stops;
+  the command, its offloaders gone, stops as SIGTERM makes it);
+- each daemon runs in a process group of its own, so a terminal's Ctrl-C
+  reaches the training command but not the daemons it is still using.
+
+The token is fresh per `dlop run` (secrets.token_hex), in a file of mode 0600
+inside a private temporary folder that is removed at the end (not after a
+SIGKILL: the kernel runs no code of ours then).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from dlop.offloader_launcher import daemon_path
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def trainer_ranks(command: list[str]) -> int:
+    """How many training processes COMMAND starts on this host: torchrun's
+    --nproc-per-node / mpirun's -np when given as a number, else 1."""
+    names = {"torchrun": ("--nproc-per-node", "--nproc_per_node"),
+             "mpirun": ("-np", "-n", "--np"), "mpiexec": ("-np", "-n", "--np")}
+    program = Path(command[0]).name if command else ""
+    if program.startswith("python") and command[1:3] == ["-m", "torch.distributed.run"]:
+        program, command = "torchrun", command[2:]
+    flags = names.get(program, ())
+    for k, arg in enumerate(command[1:], start=1):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            value = value if eq else (command[k + 1] if k + 1 < len(command) else "")
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+    return 1
+
+
+def default_count(command: list[str]) -> int:
+    """One daemon per core the trainer's ranks leave spare; at least one."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores - trainer_ranks(command))
+
+
+def die_with_parent(parent: int) -> None:
+    """preexec_fn: SIGTERM to this child when process `parent` dies (also by SIGKILL)."""
+    # Runs in the child between fork and exec; the mark survives exec.
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        os._exit(126)
+    if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
+        os._exit(0)
+
+
+class LocalOffloaders:
+    """`count` dlop-offloader daemons on 127.0.0.1 with a fresh shared token.
+
+    Use as a context manager: the daemons are stopped and the token removed on exit."""
+
+    def __init__(self, count: int, threads: int = 1, start_timeout: float = 30.0) -> None:
+        if count < 1:
+            raise SystemExit(f"dlop run: --local-offloaders {count}: at least 1")
+        self.folder = Path(tempfile.mkdtemp(prefix="dlop-run-"))  # mode 0700
+        self.token_file = self.folder / "token"
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(24) + "\n")
+        self.procs: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+        try:
+            exe = daemon_path()
+            parent = os.getpid()
+            for _ in range(count):
+                proc = subprocess.Popen(
+                    [exe, "--listen", "127.0.0.1:0", "--token-file", str(self.token_file), "--threads", str(threads)],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, process_group=0,
+                    preexec_fn=lambda: die_with_parent(parent))
+                self.procs.append(proc)
+            for proc in self.procs:  # they start in parallel; each prints its address first
+                self.addresses.append(self._address(proc, start_timeout))
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _address(proc: subprocess.Popen, timeout: float) -> str:
+        timer = threading.Timer(timeout, proc.kill)  # readline has no timeout of its own
+        timer.start()
+        try:
+            line = proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if "listening on" not in line:
+            code = proc.wait()
+            raise SystemExit(f"dlop run: a local dlop-offloader did not start (exit status {code}; "
+                             f"its error is above, or it took over {timeout:g} s)")
+        # Anything more it prints goes on to ours; a full pipe must never stall it.
+        threading.Thread(target=shutil.copyfileobj, args=(proc.stdout, sys.stdout), daemon=True).start()
+        return "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+    def describe(self) -> str:
+        daemons = ", ".join(f"{a} (pid {p.pid})" for a, p in zip(self.addresses, self.procs))
+        return (f"dlop run: started {len(self.procs)} local dlop-offloader daemon(s): {daemons}; "
+                "they stop when the command exits")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> "LocalOffloaders":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()

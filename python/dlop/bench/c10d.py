@@ -86,7 +86,7 @@ def time_calls(case, group, calls: int, first: int) -> list[float]:
 def measure(case, groups: dict, control, args) -> dict:
     """{impl: (time_us, wrong)} for one case: checks, warm-up, then alternating repetitions."""
     iters, warmup, _ = plan(case.bytes, args)
-    wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else -1 for impl in groups}
+    wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else 0 for impl in groups}
     for impl, group in groups.items():
         time_calls(case, group, warmup, 0)
     samples = {impl: [] for impl in groups}
@@ -99,7 +99,8 @@ def measure(case, groups: dict, control, args) -> dict:
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=control)
     wrongs = torch.tensor([wrong[impl] for impl in groups], dtype=torch.int64)
     dist.all_reduce(wrongs, group=control)
-    return {impl: (local[i].item(), int(wrongs[i].item()) if args.check else -1) for i, impl in enumerate(groups)}
+    checked = {impl: args.check and impl != "fake" for impl in groups}
+    return {impl: (local[i].item(), int(wrongs[i].item()) if checked[impl] else -1) for i, impl in enumerate(groups)}
 
 
 def make_row(case, impl: str, dtype: str, time_us: float, wrong: int) -> dict:

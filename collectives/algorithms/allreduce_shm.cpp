@@ -19,9 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <ctime>
 
 #include "allreduce_shm_arena.hpp"
 #include "blocks.hpp"
@@ -39,13 +37,6 @@ constexpr std::size_t kSmallBytes = 16u << 10;
 constexpr std::size_t kLineBytes = 64;
 // A piece of the own block that is reduced and copied out while in L1.
 constexpr std::size_t kPieceBytes = 8u << 10;
-
-// Milliseconds of a clock that is cheap to read (the watchdog needs no more).
-std::int64_t coarse_ms() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
-}
 
 class ShmAllreduce final : public Task {
  public:
@@ -150,29 +141,11 @@ class ShmAllreduce final : public Task {
   bool peers_at(FlagOf flag, std::uint64_t seq, const char* what) {
     for (; waiting_ < n_; ++waiting_) {
       if (waiting_ == me_ || (arena_.*flag)(waiting_).load() >= seq) continue;
-      stalled(waiting_, seq, what);
+      watch_.stalled(group_, waiting_, seq, "shm all-reduce", what);
       return false;
     }
     waiting_ = 0;
     return true;
-  }
-
-  // Names a dead peer instead of waiting for it until the timeout. The mesh's
-  // own watchdog runs when something progresses the mesh; between ranks that
-  // only share memory nothing may, so check at the same interval here.
-  void stalled(int peer, std::uint64_t seq, const char* what) {
-    transport::Mesh& mesh = group_.mesh();
-    if ((++polls_ & 63u) == 0) {
-      const std::int64_t now = coarse_ms();
-      if (now >= next_check_ms_) {
-        if (next_check_ms_ != 0) mesh.check_peers();
-        next_check_ms_ = now + mesh.options().watchdog.count();
-      }
-    }
-    if (const auto& failure = mesh.peer_failure(group_.mesh_rank(peer))) {
-      throw_error(Errc::kPeerDead, fmt::format("shm all-reduce: {} died before its {} {} ({})",
-                                               mesh.describe(group_.mesh_rank(peer)), what, seq, *failure));
-    }
   }
 
   void copy_in(std::uint64_t seq) {
@@ -240,8 +213,7 @@ class ShmAllreduce final : public Task {
   std::size_t round_offset_ = 0;
   std::size_t round_count_ = 0;
   int waiting_ = 0;
-  unsigned polls_ = 0;
-  std::int64_t next_check_ms_ = 0;
+  StallWatch watch_;
 };
 
 // count 0: nothing to exchange, and no sequence number taken (on any rank).

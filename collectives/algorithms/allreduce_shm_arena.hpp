@@ -4,6 +4,7 @@
 // Layout (the user area of one transport::ShmSegment):
 //   arrived[n], reduced[n], done[n]   one ShmFlag per local rank each
 //   slot[parity][rank]                n slots per parity, slot_bytes each
+//   inline_box[parity][rank]          n InlineBoxes per parity (allreduce_inline.cpp)
 // Every shm operation runs as one or more rounds; each round takes the next
 // sequence number s (1, 2, ...) of this group on this host and uses the slots
 // of parity s % 2. A rank posts its flags with s: arrived (its input is in its
@@ -11,17 +12,30 @@
 // everything it needs of round s). Before writing its slot for round s a rank
 // waits until every peer is done with round s - 2, the last one on that
 // parity: a fast rank never overwrites what a slow peer still reads.
+// Inline rounds (allreduce_inline.cpp) share the sequence numbers and post
+// `done` too, but carry their input in an InlineBox instead of a slot.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "collectives/group.hpp"
 #include "transport/shm_flag.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace dlop::coll {
+
+// A small input together with the sequence number of the round it belongs
+// to: a reader that sees `seq` finds the payload in the same cache line (up to
+// 56 B) or the lines right after it.
+struct alignas(64) InlineBox {
+  static constexpr std::size_t kMaxBytes = 4096;
+  std::atomic<std::uint64_t> seq{0};  // posted with release after the payload
+  std::byte payload[kMaxBytes];
+};
 
 class HostArena {
  public:
@@ -37,6 +51,9 @@ class HostArena {
   std::size_t slot_bytes() const { return slot_bytes_; }
   std::byte* slot(std::uint64_t seq, int rank) const {
     return slots_ + ((seq & 1) * static_cast<std::size_t>(n_) + static_cast<std::size_t>(rank)) * slot_bytes_;
+  }
+  InlineBox& inline_box(std::uint64_t seq, int rank) const {
+    return boxes_[(seq & 1) * static_cast<std::size_t>(n_) + static_cast<std::size_t>(rank)];
   }
   transport::ShmFlag& arrived(int rank) const { return flags_[static_cast<std::size_t>(rank)]; }
   transport::ShmFlag& reduced(int rank) const { return flags_[static_cast<std::size_t>(n_ + rank)]; }
@@ -66,9 +83,25 @@ class HostArena {
   std::size_t slot_bytes_;
   std::span<transport::ShmFlag> flags_;
   std::byte* slots_;
+  InlineBox* boxes_;
   std::uint64_t next_seq_ = 1;
   std::uint64_t finished_seq_ = 0;
   std::string poisoned_;
+};
+
+// Names a dead peer instead of waiting for it until the timeout. The mesh's
+// own watchdog runs when something progresses the mesh; between ranks that
+// only share memory nothing may, so a task waiting on a peer's flag calls
+// stalled() and it checks at the same interval.
+class StallWatch {
+ public:
+  // Throws kPeerDead naming `peer` when the mesh knows it died before its
+  // `what` `seq` (e.g. "input of round 12") reached `algorithm`'s flags.
+  void stalled(const Group& group, int peer, std::uint64_t seq, std::string_view algorithm, std::string_view what);
+
+ private:
+  unsigned polls_ = 0;
+  std::int64_t next_check_ms_ = 0;
 };
 
 }  // namespace dlop::coll

@@ -21,6 +21,7 @@ struct TuningRule {
 };
 
 constexpr TuningRule kTuning[] = {
+    {CollKind::kAllreduce, 4u << 10, "inline"},
     {CollKind::kAllreduce, 256u << 10, "shm"},
     {CollKind::kAllreduce, 16u << 10, "recursive_doubling"},
     {CollKind::kAllreduce, kAny, "cma"},

@@ -38,33 +38,6 @@ CollArgs allreduce_args(DataType dtype, ReduceOp op, std::size_t count) {
   return args;
 }
 
-// A unique arena name per group, agreed through the bootstrap.
-std::string agree_on_name(transport::Bootstrap& b) {
-  static std::atomic<int> made{0};
-  if (b.rank() == 0) {
-    const std::string name = fmt::format("test-{}-{}", ::getpid(), made.fetch_add(1));
-    b.set("arena-name", transport::Bytes(name.begin(), name.end()));
-  }
-  const auto bytes = b.get("arena-name", 60s);
-  return {bytes.begin(), bytes.end()};
-}
-
-using ArenaBody = std::function<void(const Group& group, transport::Bootstrap& b, transport::Mesh& mesh)>;
-
-// body(group) on `ranks` processes of one host, the group's arena attached.
-void with_arena(int ranks, const ArenaBody& body, const transport::Mesh::Options& options = {}) {
-  test::run_ranks(ranks, [&](transport::Bootstrap& b) {
-    transport::UcxWorker worker;
-    transport::Mesh mesh(worker, b, options);
-    std::vector<int> members(static_cast<std::size_t>(b.size()));
-    std::iota(members.begin(), members.end(), 0);
-    Group group(mesh, members);
-    attach_host_arena(group, b, agree_on_name(b), 60s);
-    body(group, b, mesh);
-    mesh.fence(60s);
-  });
-}
-
 void allreduce_case(const Group& g, DataType dtype, ReduceOp op, std::size_t count, bool in_place) {
   const std::uint64_t seed = seed_of(dtype, op, count);
   const std::size_t bytes = count * dtype_size(dtype);

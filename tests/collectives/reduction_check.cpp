@@ -1,8 +1,10 @@
 #include "reduction_check.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "core/error.hpp"
@@ -31,6 +33,29 @@ double avg_tolerance(DataType dtype) {
 }
 
 }  // namespace
+
+std::string agree_on_name(transport::Bootstrap& b) {
+  static std::atomic<int> made{0};
+  if (b.rank() == 0) {
+    const std::string name = fmt::format("test-{}-{}", ::getpid(), made.fetch_add(1));
+    b.set("arena-name", transport::Bytes(name.begin(), name.end()));
+  }
+  const auto bytes = b.get("arena-name", 60s);
+  return {bytes.begin(), bytes.end()};
+}
+
+void with_arena(int ranks, const ArenaBody& body, const transport::Mesh::Options& options) {
+  test::run_ranks(ranks, [&](transport::Bootstrap& b) {
+    transport::UcxWorker worker;
+    transport::Mesh mesh(worker, b, options);
+    std::vector<int> members(static_cast<std::size_t>(b.size()));
+    std::iota(members.begin(), members.end(), 0);
+    Group group(mesh, members);
+    attach_host_arena(group, b, agree_on_name(b), 60s);
+    body(group, b, mesh);
+    mesh.fence(60s);
+  });
+}
 
 Expected expected_value(DataType dtype, ReduceOp op, int n, std::size_t i, std::uint64_t seed) {
   std::int64_t acc = input_value(dtype, op, 0, i, seed);

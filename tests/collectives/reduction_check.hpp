@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -39,6 +40,14 @@ constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProd
 // with more ranks than cores, ranks that only spin would wait for the
 // scheduler's time slice at every step (about 10x slower at 5 ranks on 2).
 void run(const Group& group, const CollArgs& args, std::string_view algorithm, transport::Tag base_tag);
+
+// A unique name for a host arena, agreed through the bootstrap.
+std::string agree_on_name(transport::Bootstrap& b);
+
+// body(group, bootstrap, mesh) on `ranks` processes of one host, the group's
+// host arena (the shm and inline all-reduces' shared segment) attached.
+using ArenaBody = std::function<void(const Group& group, transport::Bootstrap& b, transport::Mesh& mesh)>;
+void with_arena(int ranks, const ArenaBody& body, const transport::Mesh::Options& options = {});
 
 // Runs body(group, next_tag) on `ranks` processes; each collective gets a fresh base tag.
 template <typename Body>

@@ -4,9 +4,12 @@ Launch with torchrun (any world size)::
 
     torchrun --nproc-per-node 2 -m dlop.bench.c10d -b 8 -e 256M -f 4 --json out.json
 
-The default group is dlop; a second group over the same ranks is Gloo. Per op
-and size both run on the same buffers, repetitions alternating (dlop, gloo,
-dlop, ...), so a noisy neighbour hits both alike. time = the slowest rank's
+The default group is dlop; a second group over the same ranks is Gloo, and a
+third is torch's FakeProcessGroup, which communicates nothing: its time is
+the floor of torch.distributed's own per-call cost (dispatch, Work, tensor
+checks) that no backend can beat. Per op and size all run on the same
+buffers, repetitions alternating (dlop, gloo, fake, dlop, ...), so a noisy
+neighbour hits them alike. time = the slowest rank's
 median over every timed call of every repetition; algbw = S / time, busbw =
 algbw x the nccl-tests factor. The table looks like dlop-bench's; --json
 writes rows with dlop-bench's fields (op names are torch's).
@@ -24,15 +27,18 @@ import warnings
 import torch
 import torch.distributed as dist
 
+import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
 import dlop  # noqa: F401  (registers the backend)
 from dlop.bench import _common
 from dlop.bench.c10d_ops import CASES, DTYPES
 
-IMPLS = ("dlop", "gloo")
+IMPLS = ("dlop", "gloo", "fake")  # fake: results are not computed, only the call's cost
 ROTATE_BYTES = 64 << 20  # rotate buffer sets through this much memory ...
 ROTATE_UP_TO = 8 << 20  # ... for sizes up to this (larger ones do not fit in any cache here)
 MAX_SETS = 256
-_LINE = "{:1}{:>11} {:>11} {:>8} {:>5} {:>4} {:>5} | {:>10} {:>7} {:>7} {:>6} | {:>10} {:>7} {:>7} {:>6} | {:>6} {:>6}"
+_LINE = ("{:1}{:>11} {:>11} {:>8} {:>5} {:>4} {:>5} | {:>10} {:>7} {:>7} {:>6} | {:>10} {:>7} {:>7} {:>6} | {:>6} {:>6}"
+         " | {:>10} {:>6}")
 
 
 def parse_args(argv=None):
@@ -43,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", help="comma-separated sizes (8,64M), instead of -b/-e/-f")
     p.add_argument("--ops", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     p.add_argument("-d", "--dtype", default="float", choices=sorted(DTYPES))
-    p.add_argument("--impls", default=",".join(IMPLS), help="dlop, gloo or both")
+    p.add_argument("--impls", default=",".join(IMPLS), help="any of dlop, gloo, fake")
     p.add_argument("-n", "--iters", type=int, default=0, help="timed calls per repetition (0: 32 MiB / S in [3, 1000])")
     p.add_argument("-w", "--warmup", type=int, default=-1, help="warm-up calls (-1: as many as timed for S <= 8 MiB, else 1)")
     p.add_argument("-r", "--repetitions", type=int, default=5)
@@ -80,7 +86,7 @@ def time_calls(case, group, calls: int, first: int) -> list[float]:
 def measure(case, groups: dict, control, args) -> dict:
     """{impl: (time_us, wrong)} for one case: checks, warm-up, then alternating repetitions."""
     iters, warmup, _ = plan(case.bytes, args)
-    wrong = {impl: case.check(groups[impl]) if args.check else -1 for impl in groups}
+    wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else 0 for impl in groups}
     for impl, group in groups.items():
         time_calls(case, group, warmup, 0)
     samples = {impl: [] for impl in groups}
@@ -93,7 +99,8 @@ def measure(case, groups: dict, control, args) -> dict:
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=control)
     wrongs = torch.tensor([wrong[impl] for impl in groups], dtype=torch.int64)
     dist.all_reduce(wrongs, group=control)
-    return {impl: (local[i].item(), int(wrongs[i].item()) if args.check else -1) for i, impl in enumerate(groups)}
+    checked = {impl: args.check and impl != "fake" for impl in groups}
+    return {impl: (local[i].item(), int(wrongs[i].item()) if checked[impl] else -1) for i, impl in enumerate(groups)}
 
 
 def make_row(case, impl: str, dtype: str, time_us: float, wrong: int) -> dict:
@@ -113,7 +120,7 @@ def print_case_rows(rows: dict, impls: list[str]) -> None:
     """One table line for one case: both implementations side by side and their ratios."""
     first = rows[impls[0]]
     cells = []
-    for impl in IMPLS:
+    for impl in IMPLS[:2]:
         row = rows.get(impl)
         if row is None:
             cells += ["-", "-", "-", "-"]
@@ -127,8 +134,13 @@ def print_case_rows(rows: dict, impls: list[str]) -> None:
         time_ratio = _fixed(rows["dlop"]["time_us"] / rows["gloo"]["time_us"], 3)
         if first["bytes"] > 0 and rows["gloo"]["busbw_gbps"] > 0:
             bw_ratio = _fixed(rows["dlop"]["busbw_gbps"] / rows["gloo"]["busbw_gbps"])
+    fake_time = _fixed(rows["fake"]["time_us"]) if "fake" in rows else "-"
+    fake_ratio = "-"
+    if "dlop" in rows and "fake" in rows and rows["fake"]["time_us"] > 0:
+        fake_ratio = _fixed(rows["dlop"]["time_us"] / rows["fake"]["time_us"], 3)
     print(_LINE.format(" ", first["bytes"], first["count"], first["dtype"], first["redop"], first["root"],
-                       "in" if first["inplace"] else "out", *cells, bw_ratio, time_ratio), flush=True)
+                       "in" if first["inplace"] else "out", *cells, bw_ratio, time_ratio, fake_time, fake_ratio),
+          flush=True)
 
 
 def print_header(header: dict, args) -> None:
@@ -143,18 +155,23 @@ def print_header(header: dict, args) -> None:
     print("# algbw = S / time; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all), 1 (broadcast)")
     print("# #wrong: elements that differ from the expected values in one checked call, summed over ranks")
     print("# ratios: busbw dlop/gloo (> 1: dlop faster), time dlop/gloo (< 1: dlop faster)")
+    print("# fake: dist.new_group(backend='fake') (FakeProcessGroup: no communication, results not computed), "
+          "the floor of torch.distributed's per-call cost; d/f = dlop time / fake time")
 
 
 def print_op_header(op: str) -> None:
     print(f"#\n# {op}")
     print(_LINE.format("#", "size", "count", "type", "redop", "root", "place", "dlop time", "algbw", "busbw", "#wrong",
-                       "gloo time", "algbw", "busbw", "#wrong", "busbw", "time"))
+                       "gloo time", "algbw", "busbw", "#wrong", "busbw", "time", "fake time", "time"))
     print(_LINE.format("#", "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                       "(GB/s)", "", "d/g", "d/g"), flush=True)
+                       "(GB/s)", "", "d/g", "d/g", "(us)", "d/f"), flush=True)
 
 
 def print_footer(all_rows: list[dict], impls: list[str]) -> None:
     for impl in impls:
+        if impl == "fake":
+            print("# fake: not checked (it communicates nothing)")
+            continue
         mine = [r for r in all_rows if r["impl"] == impl]
         wrong = sum(max(r["wrong"], 0) for r in mine)
         data = [r["busbw_gbps"] for r in mine if r["bytes"] > 0]
@@ -173,7 +190,9 @@ def main(argv=None) -> int:
     dist.init_process_group(backend="dlop")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo")
-    groups = {impl: (None if impl == "dlop" else control) for impl in IMPLS if impl in args.impls}
+    fake = dist.new_group(backend="fake") if "fake" in args.impls else None
+    by_impl = {"dlop": None, "gloo": control, "fake": fake}
+    groups = {impl: by_impl[impl] for impl in IMPLS if impl in args.impls}
     if args.sizes:
         sizes = [_common.parse_size(size) for size in args.sizes.split(",")]
     else:

@@ -115,7 +115,7 @@ class LeaseManager {
   // Starts `epoch` from its first batch; leases of the previous one are canceled.
   void set_epoch(std::uint64_t epoch);
   // The next batch in order, or nullopt at the end of the epoch. Throws
-  // kPeerDead when no daemon answered for no_daemon_timeout, and the daemon's
+  // kNoOffloader when no daemon answered for no_daemon_timeout, and the daemon's
   // error when a batch failed under the raise policy.
   std::optional<Batch> next();
   // Gives a yielded batch's buffer back to the pool.

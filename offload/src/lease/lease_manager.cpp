@@ -372,7 +372,7 @@ std::optional<Batch> LeaseManager::next() {
     if (live_daemons() == 0) {
       if (!alone_since) alone_since = Clock::now();
       if (Clock::now() - *alone_since >= m.opt.no_daemon_timeout) {
-        throw_error(Errc::kPeerDead, "offload: no dlop-offloader left (waited " +
+        throw_error(Errc::kNoOffloader, "offload: no dlop-offloader left (waited " +
                                          std::to_string(m.opt.no_daemon_timeout.count()) + " ms)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -13,6 +13,7 @@
 #include "bindings.hpp"
 #include "core/error.hpp"
 #include "offload/image.hpp"
+#include "offload/lease_manager.hpp"
 
 namespace py = pybind11;
 
@@ -21,21 +22,23 @@ namespace {
 
 py::module_ errors_module() { return py::module_::import("dlop.errors"); }
 
-void raise(const py::object& cls, const char* message) { PyErr_SetString(cls.ptr(), message); }
+void set_python_error(const py::object& cls, const char* message) { PyErr_SetString(cls.ptr(), message); }
 
-void raise(Errc code, const char* message) {
-  raise(errors_module().attr("_BY_CODE")[py::str(std::string(errc_name(code)))], message);
+void set_python_error(Errc code, const char* message) {
+  set_python_error(errors_module().attr("_BY_CODE")[py::str(std::string(errc_name(code)))], message);
 }
 
 void translate(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const offload::SampleError& e) {
-    raise(errors_module().attr("SampleError"), e.what());
+    set_python_error(errors_module().attr("SampleError"), e.what());
+  } catch (const offload::NoOffloaderError& e) {
+    set_python_error(errors_module().attr("NoOffloaderError"), e.what());
   } catch (const Error& e) {
-    raise(e.code(), e.what());
+    set_python_error(e.code(), e.what());
   } catch (const backend::ErrorCode& e) {
-    raise(e.code(), dynamic_cast<const c10::Error&>(e).what_without_backtrace());
+    set_python_error(e.code(), dynamic_cast<const c10::Error&>(e).what_without_backtrace());
   }
   // Anything else leaves this function and goes to the next translator (torch's, pybind11's).
 }

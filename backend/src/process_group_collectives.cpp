@@ -2,6 +2,7 @@
 // contiguous (or has to be packed, like a list of outputs) and submits to the
 // engine; the Work copies staged results back before completing its future.
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <cstring>
 #include <numeric>
@@ -87,26 +88,17 @@ bool all_equal(const std::vector<std::size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
 }
 
-}  // namespace
+// The gathers of a sparse all-reduce and how its Work finishes.
+struct SparseGathers {
+  std::vector<sched::Handle> handles;
+  std::vector<at::Tensor> keep_alive;
+  std::function<void()> finish;
+};
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
-                                                           const c10d::AllreduceOptions& opts) {
-  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
-    return sparse_allreduce(tensors[0], opts);
-  }
-  const auto& tensor = single_tensor(tensors, "allreduce");
-  const auto op = engine_op(opts.reduceOp, "allreduce");
-  auto stage = staged(tensor);
-  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
-  const auto view = reduce_view(stage, opts.reduceOp, "allreduce");
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
-  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::sparse_allreduce(const at::Tensor& tensor,
-                                                                  const c10d::AllreduceOptions& opts) {
+// allreduce of a sparse COO tensor, as Gloo does it (SUM only): every rank's
+// coalesced indices and values gathered, then summed by coalescing.
+SparseGathers start_sparse_allreduce(sched::Communicator& comm, const at::Tensor& tensor,
+                                     const c10d::AllreduceOptions& opts, const sched::OpOptions& options) {
   TORCH_CHECK(tensor.device().is_cpu(), "dlop allreduce: sparse tensors must be on the CPU, got ",
               tensor.device().str());
   DLOP_CHECK_ARG(opts.reduceOp == c10d::ReduceOp::SUM, "dlop allreduce: sparse tensors can only be summed ",
@@ -118,7 +110,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::sparse_allreduce(const at::Tens
   // Every rank's shape first: the gathers below need everyone's nnz, and
   // tensors that cannot be summed are refused on every rank alike.
   constexpr int64_t kMaxDims = 64;  // torch's own limit
-  enum : int64_t { kNnz, kSparseDims, kDenseDims, kDtype, kDims, kSizes, kFields = kSizes + kMaxDims };
+  // One row per rank: nnz, then what must match: sparse and dense dims, dtype, dims, sizes.
+  constexpr int64_t kNnz = 0, kSparseDims = 1, kDenseDims = 2, kDtype = 3, kDims = 4, kSizes = 5;
+  constexpr int64_t kFields = kSizes + kMaxDims;
   DLOP_CHECK_ARG(input.dim() <= kMaxDims, "dlop allreduce: sparse tensor of ", input.dim(), " dimensions");
   auto meta = at::zeros({kFields}, at::kLong);
   auto* m = meta.data_ptr<int64_t>();
@@ -128,19 +122,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::sparse_allreduce(const at::Tens
   m[kDtype] = static_cast<int64_t>(input.scalar_type());
   m[kDims] = input.dim();
   for (int64_t d = 0; d < input.dim(); ++d) m[kSizes + d] = input.size(d);
-  auto everyone = at::empty({getSize(), kFields}, at::kLong);
-  auto options = op_options(opts.timeout);
+  auto everyone = at::empty({static_cast<int64_t>(comm.size()), kFields}, at::kLong);
   torch_errors([&] {
-    comm_->allgather(meta.data_ptr(), everyone.data_ptr(), meta.nbytes(), DataType::kUInt8, options).wait();
+    comm.allgather(meta.data_ptr(), everyone.data_ptr(), meta.nbytes(), DataType::kUInt8, options).wait();
   });
   std::vector<std::size_t> index_bytes, value_bytes;
-  const auto value_row_bytes =
-      static_cast<std::size_t>(c10::multiply_integers(values.sizes().slice(1))) * values.element_size();
+  const auto value_row_bytes = static_cast<std::size_t>(c10::multiply_integers(values.sizes().slice(1)) *
+                                                        values.element_size());
   int64_t total = 0;
-  for (int64_t r = 0; r < getSize(); ++r) {
+  for (int64_t r = 0; r < comm.size(); ++r) {
     const auto* theirs = everyone[r].data_ptr<int64_t>();
     for (int64_t f = kSparseDims; f < kFields; ++f) {
-      DLOP_CHECK_ARG(theirs[f] == m[f], "dlop allreduce: rank ", r, "'s sparse tensor differs from rank ", getRank(),
+      DLOP_CHECK_ARG(theirs[f] == m[f], "dlop allreduce: rank ", r, "'s sparse tensor differs from rank ", comm.rank(),
                      "'s (sizes ", c10::IntArrayRef(theirs + kSizes, static_cast<std::size_t>(theirs[kDims])), " vs ",
                      input.sizes(), ", sparse dims ", theirs[kSparseDims], " vs ", m[kSparseDims], ", dtype ",
                      static_cast<c10::ScalarType>(theirs[kDtype]), " vs ", input.scalar_type(), ")");
@@ -154,17 +147,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::sparse_allreduce(const at::Tens
   auto value_sizes = values.sizes().vec();
   value_sizes[0] = total;
   auto all_values = at::empty(value_sizes, values.options());
-  const std::vector<sched::Handle> handles = torch_errors([&] {
+  auto handles = torch_errors([&] {
     return std::vector<sched::Handle>{
-        comm_->allgatherv(indices.data_ptr(), all_indices.data_ptr(), index_bytes, DataType::kUInt8, options),
-        comm_->allgatherv(values.data_ptr(), all_values.data_ptr(), value_bytes, DataType::kUInt8, options)};
+        comm.allgatherv(indices.data_ptr(), all_indices.data_ptr(), index_bytes, DataType::kUInt8, options),
+        comm.allgatherv(values.data_ptr(), all_values.data_ptr(), value_bytes, DataType::kUInt8, options)};
   });
-  return make_work(OpType::ALLREDUCE, handles, {tensor}, {indices, values, all_indices, all_values},
-                   [tensor, all_indices, all_values] {
-                     // Coalescing sums the entries several ranks (or one, twice) hold.
-                     auto sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes(), tensor.options());
-                     tensor.copy_(sum.coalesce());
-                   });
+  return {std::move(handles), {indices, values, all_indices, all_values}, [tensor, all_indices, all_values] {
+            // Coalescing sums the entries several ranks (or one, twice) hold.
+            auto sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes(), tensor.options());
+            tensor.copy_(sum.coalesce());
+          }};
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
+    auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
+    return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
+                     std::move(gathers.finish));
+  }
+  const auto& tensor = single_tensor(tensors, "allreduce");
+  const auto op = engine_op(opts.reduceOp, "allreduce");
+  auto stage = staged(tensor);
+  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
+  const auto view = reduce_view(stage, opts.reduceOp, "allreduce");
+  auto options = op_options(opts.timeout);
+  options.caller_waits = caller_waits(opts);
+  auto handle = torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
+  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -87,7 +87,8 @@ coll::ReduceOp engine_op(const c10d::ReduceOp& op, std::string_view opname) {
     case c10d::ReduceOp::BXOR: return coll::ReduceOp::kBxor;
     default: break;
   }
-  DLOP_CHECK_ARG(false, "dlop ", opname, ": unsupported ReduceOp ", static_cast<int>(op.op_));
+  std::rethrow_exception(
+      torch_error(Errc::kInvalidArgument, c10::str("dlop ", opname, ": unsupported ReduceOp ", static_cast<int>(op.op_))));
 }
 
 std::optional<at::Tensor> premul_factor(const c10d::ReduceOp& op, const at::Tensor& like) {

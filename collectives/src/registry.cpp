@@ -1,4 +1,5 @@
 #include "collectives/registry.hpp"
+#include "collectives/select_reason.hpp"
 
 #include <fmt/format.h>
 
@@ -85,8 +86,10 @@ AlgorithmOverrides AlgorithmOverrides::parse(std::string_view text) {
   return overrides;
 }
 
-const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
-                                  std::string* why) {
+namespace {
+
+const Algorithm& choose(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
+                        std::string* why) {
   std::string declined;  // only filled when the caller asks why
   const auto decline = [&](std::string_view name) {
     if (why != nullptr) declined += fmt::format("{}{}", declined.empty() ? "" : ", ", name);
@@ -117,6 +120,17 @@ const Algorithm& select_algorithm(const CollArgs& args, const Group& group, cons
   }
   throw_error(Errc::kInvalidArgument, fmt::format("no algorithm can run {} of {} B on {} ranks", kind_name(args.kind),
                                                   bytes, group.size()));
+}
+
+}  // namespace
+
+const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides) {
+  return choose(args, group, overrides, nullptr);
+}
+
+const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
+                                  std::string& why) {
+  return choose(args, group, overrides, &why);
 }
 
 }  // namespace dlop::coll

@@ -15,7 +15,6 @@ std::string_view errc_name(Errc code) {
     case Errc::kTransport: return "transport error";
     case Errc::kProtocol: return "protocol error";
     case Errc::kSystem: return "system error";
-    case Errc::kNoOffloader: return "no offloader left";
   }
   return "unknown error";
 }

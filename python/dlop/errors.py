@@ -9,7 +9,9 @@ message, an operation canceled by an earlier failure) also derive from
 (Gloo, NCCL) raise for them: code written for those keeps catching dlop's.
 
 The native module raises these through ``_BY_CODE``, the one table from a code
-(its C++ ``errc_name``) to a class; ``Error.code`` holds that name.
+(its C++ ``errc_name``) to a class; ``Error.code`` holds that name. Two C++
+subclasses of dlop::Error have Python subclasses of their code's class:
+SampleError (an invalid argument) and NoOffloaderError (a dead peer).
 """
 
 from __future__ import annotations
@@ -84,10 +86,8 @@ class SystemError(Error, DistBackendError, builtins.OSError):  # noqa: A001  (dl
     code = "system error"
 
 
-class NoOffloaderError(Error, RuntimeError):
+class NoOffloaderError(PeerDeadError):
     """Every dlop-offloader of an OffloadLoader is gone and none came back in time."""
-
-    code = "no offloader left"
 
 
 _BY_CODE: dict[str, type[Error]] = {
@@ -100,6 +100,5 @@ _BY_CODE: dict[str, type[Error]] = {
         TransportError,
         ProtocolError,
         SystemError,
-        NoOffloaderError,
     )
 }

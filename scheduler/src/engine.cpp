@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "collectives/select_reason.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "signature_check.hpp"
@@ -174,7 +175,8 @@ const coll::Algorithm& Engine::select(detail::OpState& op) {
   // logged with its reason, so a run shows which algorithms served it.
   std::string why;
   const bool tell = log().should_log(spdlog::level::info);
-  const coll::Algorithm& algorithm = coll::select_algorithm(op.args, *op.comm->group, overrides_, tell ? &why : nullptr);
+  const coll::Algorithm& algorithm = tell ? coll::select_algorithm(op.args, *op.comm->group, overrides_, why)
+                                          : coll::select_algorithm(op.args, *op.comm->group, overrides_);
   const std::size_t bytes = op.args.bytes();
   const int size_class = std::bit_width(bytes);  // bytes in [2^(c-1), 2^c)
   if (tell && op.comm->logged_choices.emplace(op.args.kind, size_class).second) {

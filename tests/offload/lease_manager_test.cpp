@@ -316,9 +316,9 @@ TEST_F(LeaseManagerTest, NoDaemonLeftIsAnErrorAfterTheTimeout) {
   m.set_epoch(0);
   try {
     while (auto b = m.next()) m.release(b->slot);
-    FAIL() << "expected kNoOffloader";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kNoOffloader);
+    FAIL() << "expected NoOffloaderError";
+  } catch (const NoOffloaderError& e) {
+    EXPECT_EQ(e.code(), Errc::kPeerDead);
   }
 }
 

@@ -112,9 +112,6 @@ class ProcessGroupDlop : public c10d::Backend {
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
                                            std::function<void()> finish = {});
   void check_root(int64_t root, const char* op) const;
-  // allreduce of a sparse COO tensor (SUM only, as Gloo): everyone's indices
-  // and values gathered, then summed by coalescing.
-  c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
 
   // Declared before comm_, so destroyed after it: the engine refers to the
   // bootstrap it was made with (the default group's, for a sub-group).

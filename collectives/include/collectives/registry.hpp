@@ -31,12 +31,9 @@ struct AlgorithmOverrides {
   static AlgorithmOverrides parse(std::string_view text);  // throws naming a bad entry
 };
 
-// The algorithm for this operation: the forced one if it accepts, otherwise
-// the first in the tuning table that accepts. With `why`, also how it was
-// chosen ("forced by DLOP_ALGO", "tuning table") and which preferred ones
-// declined, for the log.
-const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
-                                  std::string* why = nullptr);
+// The algorithm for this operation: the forced one if it accepts (else an
+// error naming why), otherwise the first in the tuning table that accepts.
+const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides);
 
 // Registration hooks, one per algorithm family (collectives/algorithms/*.cpp).
 void register_allreduce_family(std::vector<Algorithm>& out);  // allreduce, reduce_scatter(v), allgather(v)

@@ -19,10 +19,8 @@ enum class Errc {
   kTransport,
   kProtocol,
   kSystem,
-  kNoOffloader,  // every dlop-offloader of a client is gone and none came back in time
 };
 
-// The code's name; python/dlop/errors.py maps it to the Python exception class.
 std::string_view errc_name(Errc code);
 
 class Error : public std::runtime_error {

@@ -3,6 +3,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dlop's native parts: the c10d backend and the offloaded data pipeline";
+  dlop::python::bind_errors(m);
   dlop::python::bind_backend(m);
   dlop::python::bind_offload(m);
   dlop::python::bind_offload_loader(m);

@@ -283,8 +283,9 @@ void bind_pipeline(py::module_& m) {
 
 void bind_offload(py::module_& root) {
   py::module_ m = root.def_submodule("offload", "the native data pipeline (decode, ops, specs, sources)");
-  // A bad sample is a ValueError subclass, so callers can catch just those.
-  py::register_exception<SampleError>(m, "SampleError", PyExc_ValueError);
+  // A bad sample is a ValueError subclass, so callers can catch just those
+  // (raised as such by error_bindings.cpp).
+  m.attr("SampleError") = py::module_::import("dlop.errors").attr("SampleError");
   bind_ops(m);
   bind_sources(m);
   bind_pipeline(m);

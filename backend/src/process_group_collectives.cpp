@@ -2,11 +2,13 @@
 // contiguous (or has to be packed, like a list of outputs) and submits to the
 // engine; the Work copies staged results back before completing its future.
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <cstring>
 #include <numeric>
 
 #include "backend/process_group_dlop.hpp"
+#include "backend/torch_error.hpp"
 #include "tensor_args.hpp"
 #include "work_dlop.hpp"
 
@@ -67,11 +69,11 @@ std::size_t unpack_bytes(const at::Tensor& flat, std::size_t offset, const std::
 
 void check_list(const std::vector<at::Tensor>& list, std::size_t size, const at::Tensor& like, bool same_numel,
                 std::string_view op) {
-  TORCH_CHECK_VALUE(list.size() == size, "dlop ", op, ": expects a list of ", size, " tensors, got ", list.size());
+  DLOP_CHECK_ARG(list.size() == size, "dlop ", op, ": expects a list of ", size, " tensors, got ", list.size());
   for (const auto& t : list) {
     check_tensor(t, op);
     check_same_dtype(t, like, op);
-    TORCH_CHECK_VALUE(!same_numel || t.numel() == like.numel(), "dlop ", op, ": tensor of ", t.numel(),
+    DLOP_CHECK_ARG(!same_numel || t.numel() == like.numel(), "dlop ", op, ": tensor of ", t.numel(),
                       " elements where ", like.numel(), " were expected");
   }
 }
@@ -86,10 +88,86 @@ bool all_equal(const std::vector<std::size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
 }
 
+// The gathers of a sparse all-reduce and how its Work finishes.
+struct SparseGathers {
+  std::vector<sched::Handle> handles;
+  std::vector<at::Tensor> keep_alive;
+  std::function<void()> finish;
+};
+
+// allreduce of a sparse COO tensor, as Gloo does it (SUM only): every rank's
+// coalesced indices and values gathered, then summed by coalescing.
+SparseGathers start_sparse_allreduce(sched::Communicator& comm, const at::Tensor& tensor,
+                                     const c10d::AllreduceOptions& opts, const sched::OpOptions& options) {
+  TORCH_CHECK(tensor.device().is_cpu(), "dlop allreduce: sparse tensors must be on the CPU, got ",
+              tensor.device().str());
+  DLOP_CHECK_ARG(opts.reduceOp == c10d::ReduceOp::SUM, "dlop allreduce: sparse tensors can only be summed ",
+                 "(ReduceOp.SUM, as with Gloo), got ReduceOp ", static_cast<int>(opts.reduceOp.op_));
+  const auto input = tensor.coalesce();
+  const auto indices = input.indices().t().contiguous();  // nnz x sparse_dim: ranks' rows concatenate
+  const auto values = input.values().contiguous();         // nnz x dense sizes
+
+  // Every rank's shape first: the gathers below need everyone's nnz, and
+  // tensors that cannot be summed are refused on every rank alike.
+  constexpr int64_t kMaxDims = 64;  // torch's own limit
+  // One row per rank: nnz, then what must match: sparse and dense dims, dtype, dims, sizes.
+  constexpr int64_t kNnz = 0, kSparseDims = 1, kDenseDims = 2, kDtype = 3, kDims = 4, kSizes = 5;
+  constexpr int64_t kFields = kSizes + kMaxDims;
+  DLOP_CHECK_ARG(input.dim() <= kMaxDims, "dlop allreduce: sparse tensor of ", input.dim(), " dimensions");
+  auto meta = at::zeros({kFields}, at::kLong);
+  auto* m = meta.data_ptr<int64_t>();
+  m[kNnz] = input._nnz();
+  m[kSparseDims] = input.sparse_dim();
+  m[kDenseDims] = input.dense_dim();
+  m[kDtype] = static_cast<int64_t>(input.scalar_type());
+  m[kDims] = input.dim();
+  for (int64_t d = 0; d < input.dim(); ++d) m[kSizes + d] = input.size(d);
+  auto everyone = at::empty({static_cast<int64_t>(comm.size()), kFields}, at::kLong);
+  torch_errors([&] {
+    comm.allgather(meta.data_ptr(), everyone.data_ptr(), meta.nbytes(), DataType::kUInt8, options).wait();
+  });
+  std::vector<std::size_t> index_bytes, value_bytes;
+  const auto value_row_bytes = static_cast<std::size_t>(c10::multiply_integers(values.sizes().slice(1)) *
+                                                        values.element_size());
+  int64_t total = 0;
+  for (int64_t r = 0; r < comm.size(); ++r) {
+    const auto* theirs = everyone[r].data_ptr<int64_t>();
+    for (int64_t f = kSparseDims; f < kFields; ++f) {
+      DLOP_CHECK_ARG(theirs[f] == m[f], "dlop allreduce: rank ", r, "'s sparse tensor differs from rank ", comm.rank(),
+                     "'s (sizes ", c10::IntArrayRef(theirs + kSizes, static_cast<std::size_t>(theirs[kDims])), " vs ",
+                     input.sizes(), ", sparse dims ", theirs[kSparseDims], " vs ", m[kSparseDims], ", dtype ",
+                     static_cast<c10::ScalarType>(theirs[kDtype]), " vs ", input.scalar_type(), ")");
+    }
+    index_bytes.push_back(static_cast<std::size_t>(theirs[kNnz] * input.sparse_dim()) * sizeof(int64_t));
+    value_bytes.push_back(static_cast<std::size_t>(theirs[kNnz]) * value_row_bytes);
+    total += theirs[kNnz];
+  }
+
+  auto all_indices = at::empty({total, input.sparse_dim()}, at::kLong);
+  auto value_sizes = values.sizes().vec();
+  value_sizes[0] = total;
+  auto all_values = at::empty(value_sizes, values.options());
+  auto handles = torch_errors([&] {
+    return std::vector<sched::Handle>{
+        comm.allgatherv(indices.data_ptr(), all_indices.data_ptr(), index_bytes, DataType::kUInt8, options),
+        comm.allgatherv(values.data_ptr(), all_values.data_ptr(), value_bytes, DataType::kUInt8, options)};
+  });
+  return {std::move(handles), {indices, values, all_indices, all_values}, [tensor, all_indices, all_values] {
+            // Coalescing sums the entries several ranks (or one, twice) hold.
+            auto sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes(), tensor.options());
+            tensor.copy_(sum.coalesce());
+          }};
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
+    auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
+    return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
+                     std::move(gathers.finish));
+  }
   const auto& tensor = single_tensor(tensors, "allreduce");
   const auto op = engine_op(opts.reduceOp, "allreduce");
   auto stage = staged(tensor);
@@ -103,7 +181,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
-  TORCH_CHECK_VALUE(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
+  DLOP_CHECK_ARG(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
   for (const auto& t : tensors) {
     check_tensor(t, "allreduce_coalesced");
     check_same_dtype(t, tensors[0], "allreduce_coalesced");
@@ -125,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tenso
                                                            const c10d::BroadcastOptions& opts) {
   const auto& tensor = single_tensor(tensors, "broadcast");
   check_root(opts.rootRank, "broadcast");
-  TORCH_CHECK_VALUE(opts.rootTensor == 0, "dlop broadcast: invalid root tensor ", opts.rootTensor);
+  DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop broadcast: invalid root tensor ", opts.rootTensor);
   auto stage = staged(tensor);
   const auto view = byte_view(stage);
   auto options = op_options(opts.timeout);
@@ -140,7 +218,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>&
                                                         const c10d::ReduceOptions& opts) {
   const auto& tensor = single_tensor(tensors, "reduce");
   check_root(opts.rootRank, "reduce");
-  TORCH_CHECK_VALUE(opts.rootTensor == 0, "dlop reduce: invalid root tensor ", opts.rootTensor);
+  DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop reduce: invalid root tensor ", opts.rootTensor);
   const auto op = engine_op(opts.reduceOp, "reduce");
   auto stage = staged(tensor);
   if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
@@ -157,11 +235,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vect
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
   const auto& input = single_tensor(inputs, "allgather");
-  TORCH_CHECK_VALUE(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
+  DLOP_CHECK_ARG(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
   const auto& list = outputs[0];
   check_list(list, static_cast<std::size_t>(getSize()), input, false, "allgather");
   const auto counts = byte_counts(list);
-  TORCH_CHECK_VALUE(counts[static_cast<std::size_t>(getRank())] == input.nbytes(), "dlop allgather: this rank's output ",
+  DLOP_CHECK_ARG(counts[static_cast<std::size_t>(getRank())] == input.nbytes(), "dlop allgather: this rank's output ",
                     "tensor has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, its input ",
                     input.numel());
   auto in = input.contiguous();
@@ -180,7 +258,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& out
   check_tensor(input, "all_gather_into_tensor");
   check_tensor(output, "all_gather_into_tensor");
   check_same_dtype(input, output, "all_gather_into_tensor");
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "dlop all_gather_into_tensor: output has ",
+  DLOP_CHECK_ARG(output.numel() == input.numel() * getSize(), "dlop all_gather_into_tensor: output has ",
                     output.numel(), " elements, expected ", input.numel(), " x ", getSize());
   auto in = input.contiguous();
   auto out = staged(output);
@@ -197,16 +275,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector
                                                                      const c10d::AllgatherOptions& opts) {
   // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
   // inputs packed together.
-  TORCH_CHECK_VALUE(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
+  DLOP_CHECK_ARG(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
                     getSize(), " output lists, got ", outputs.size());
   for (const auto& t : inputs) check_tensor(t, "allgather_coalesced");
   for (const auto& list : outputs) {
-    TORCH_CHECK_VALUE(list.size() == inputs.size(), "dlop allgather_coalesced: output list of ", list.size(),
+    DLOP_CHECK_ARG(list.size() == inputs.size(), "dlop allgather_coalesced: output list of ", list.size(),
                       " tensors for ", inputs.size(), " inputs");
     for (std::size_t i = 0; i < list.size(); ++i) {
       check_tensor(list[i], "allgather_coalesced");
       check_same_dtype(list[i], inputs[i], "allgather_coalesced");
-      TORCH_CHECK_VALUE(list[i].numel() == inputs[i].numel(), "dlop allgather_coalesced: output ", i, " has ",
+      DLOP_CHECK_ARG(list[i].numel() == inputs[i].numel(), "dlop allgather_coalesced: output ", i, " has ",
                         list[i].numel(), " elements, input ", inputs[i].numel());
     }
   }
@@ -225,7 +303,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
+  DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   std::vector<sched::Handle> handles;
   std::vector<at::Tensor> keep;
@@ -236,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced
     check_tensor(input, "allgather_into_tensor_coalesced");
     check_tensor(output, "allgather_into_tensor_coalesced");
     check_same_dtype(input, output, "allgather_into_tensor_coalesced");
-    TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "dlop allgather_into_tensor_coalesced: output ", i,
+    DLOP_CHECK_ARG(output.numel() == input.numel() * getSize(), "dlop allgather_into_tensor_coalesced: output ", i,
                       " has ", output.numel(), " elements, expected ", input.numel(), " x ", getSize());
     auto in = input.contiguous();
     auto out = staged(output);
@@ -259,11 +337,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<
   const int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> list;
   if (getRank() == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1, "dlop gather: the root expects one output list, got ", outputs.size());
+    DLOP_CHECK_ARG(outputs.size() == 1, "dlop gather: the root expects one output list, got ", outputs.size());
     list = outputs[0];
     check_list(list, static_cast<std::size_t>(getSize()), input, true, "gather");
   } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+    DLOP_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                       "dlop gather: only the root (rank ", root, ") takes output tensors");
   }
   auto in = input.contiguous();
@@ -282,11 +360,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor packed = at::empty({0}, at::kByte);
   if (getRank() == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1, "dlop scatter: the root expects one input list, got ", inputs.size());
+    DLOP_CHECK_ARG(inputs.size() == 1, "dlop scatter: the root expects one input list, got ", inputs.size());
     check_list(inputs[0], static_cast<std::size_t>(getSize()), output, true, "scatter");
     packed = pack_bytes(inputs[0]);
   } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+    DLOP_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                       "dlop scatter: only the root (rank ", root, ") takes input tensors");
   }
   auto out = staged(output);
@@ -301,10 +379,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
   const auto& output = single_tensor(outputs, "reduce_scatter");
-  TORCH_CHECK_VALUE(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
+  DLOP_CHECK_ARG(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
   const auto& list = inputs[0];
   check_list(list, static_cast<std::size_t>(getSize()), output, false, "reduce_scatter");
-  TORCH_CHECK_VALUE(list[static_cast<std::size_t>(getRank())].numel() == output.numel(), "dlop reduce_scatter: input ",
+  DLOP_CHECK_ARG(list[static_cast<std::size_t>(getRank())].numel() == output.numel(), "dlop reduce_scatter: input ",
                     getRank(), " has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, the output ",
                     output.numel());
   const auto op = engine_op(opts.reduceOp, "reduce_scatter");
@@ -333,7 +411,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
   check_tensor(input, "reduce_scatter_tensor");
   check_tensor(output, "reduce_scatter_tensor");
   check_same_dtype(input, output, "reduce_scatter_tensor");
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor: input has ",
+  DLOP_CHECK_ARG(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor: input has ",
                     input.numel(), " elements, expected ", output.numel(), " x ", getSize());
   const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor");
   auto in = input.contiguous();
@@ -352,7 +430,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
+  DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
   std::vector<sched::Handle> handles;
@@ -364,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced
     check_tensor(input, "reduce_scatter_tensor_coalesced");
     check_tensor(output, "reduce_scatter_tensor_coalesced");
     check_same_dtype(input, output, "reduce_scatter_tensor_coalesced");
-    TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor_coalesced: input ", i,
+    DLOP_CHECK_ARG(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor_coalesced: input ", i,
                       " has ", input.numel(), " elements, expected ", output.numel(), " x ", getSize());
     auto in = input.contiguous();
     if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;
@@ -398,20 +476,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& outpu
     const auto row_bytes = rows == 0 ? std::size_t{0} : t.nbytes() / static_cast<std::size_t>(rows);
     std::vector<std::size_t> counts;
     if (splits.empty()) {
-      TORCH_CHECK_VALUE(rows % getSize() == 0, "dlop all_to_all_single: ", which, " has ", rows,
+      DLOP_CHECK_ARG(rows % getSize() == 0, "dlop all_to_all_single: ", which, " has ", rows,
                         " rows, not divisible by the group size ", getSize());
       counts.assign(static_cast<std::size_t>(getSize()), row_bytes * static_cast<std::size_t>(rows / getSize()));
       return counts;
     }
-    TORCH_CHECK_VALUE(splits.size() == static_cast<std::size_t>(getSize()), "dlop all_to_all_single: ", splits.size(),
+    DLOP_CHECK_ARG(splits.size() == static_cast<std::size_t>(getSize()), "dlop all_to_all_single: ", splits.size(),
                       " ", which, " split sizes for a group of ", getSize());
     int64_t total = 0;
     for (const auto s : splits) {
-      TORCH_CHECK_VALUE(s >= 0, "dlop all_to_all_single: negative ", which, " split size ", s);
+      DLOP_CHECK_ARG(s >= 0, "dlop all_to_all_single: negative ", which, " split size ", s);
       total += s;
       counts.push_back(row_bytes * static_cast<std::size_t>(s));
     }
-    TORCH_CHECK_VALUE(total == rows, "dlop all_to_all_single: ", which, " split sizes add up to ", total,
+    DLOP_CHECK_ARG(total == rows, "dlop all_to_all_single: ", which, " split sizes add up to ", total,
                       " rows but the tensor has ", rows);
     return counts;
   };
@@ -428,7 +506,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& outpu
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
-  TORCH_CHECK_VALUE(!inputs.empty(), "dlop all_to_all: no input tensors");
+  DLOP_CHECK_ARG(!inputs.empty(), "dlop all_to_all: no input tensors");
   check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
   check_list(outputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
   auto packed = pack_bytes(inputs);

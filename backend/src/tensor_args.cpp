@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include "backend/torch_error.hpp"
 #include "backend/torch_version.hpp"
 
 namespace dlop::backend {
@@ -40,18 +41,18 @@ void check_tensor(const at::Tensor& tensor, std::string_view op) {
               "collectives on CPU tensors only); got a tensor on ", tensor.device().str(),
               ". Use backend \"cpu:dlop,cuda:nccl\" or move the tensor to the CPU.");
   TORCH_CHECK(tensor.device().is_cpu(), "dlop ", op, ": tensors must be on the CPU, got ", tensor.device().str());
-  TORCH_CHECK_VALUE(tensor.layout() == at::kStrided, "dlop ", op, ": only dense tensors are supported, got layout ",
+  DLOP_CHECK_ARG(tensor.layout() == at::kStrided, "dlop ", op, ": only dense tensors are supported, got layout ",
                     tensor.layout());
 }
 
 const at::Tensor& single_tensor(const std::vector<at::Tensor>& tensors, std::string_view op) {
-  TORCH_CHECK_VALUE(tensors.size() == 1, "dlop ", op, ": expects exactly one tensor per call, got ", tensors.size());
+  DLOP_CHECK_ARG(tensors.size() == 1, "dlop ", op, ": expects exactly one tensor per call, got ", tensors.size());
   check_tensor(tensors[0], op);
   return tensors[0];
 }
 
 void check_same_dtype(const at::Tensor& a, const at::Tensor& b, std::string_view op) {
-  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "dlop ", op, ": mixed dtypes ", a.scalar_type(), " and ",
+  DLOP_CHECK_ARG(a.scalar_type() == b.scalar_type(), "dlop ", op, ": mixed dtypes ", a.scalar_type(), " and ",
                     b.scalar_type());
 }
 
@@ -61,14 +62,14 @@ BufferView byte_view(const at::Tensor& contiguous) {
 
 BufferView reduce_view(const at::Tensor& contiguous, const c10d::ReduceOp& op, std::string_view opname) {
   if (contiguous.is_complex()) {
-    TORCH_CHECK_VALUE(op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM,
+    DLOP_CHECK_ARG(op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM,
                       "dlop ", opname, ": complex tensors only reduce with SUM, AVG or PREMUL_SUM, not ",
                       static_cast<int>(op.op_));
     const auto real = at::view_as_real(contiguous);
     return reduce_view(real, c10d::ReduceOp::SUM, opname);
   }
   const auto dtype = engine_dtype(contiguous.scalar_type());
-  TORCH_CHECK_VALUE(dtype.has_value(), "dlop ", opname, ": dtype ", contiguous.scalar_type(),
+  DLOP_CHECK_ARG(dtype.has_value(), "dlop ", opname, ": dtype ", contiguous.scalar_type(),
                     " is not supported for reductions");
   return {contiguous.data_ptr(), static_cast<std::size_t>(contiguous.numel()), *dtype};
 }
@@ -86,13 +87,14 @@ coll::ReduceOp engine_op(const c10d::ReduceOp& op, std::string_view opname) {
     case c10d::ReduceOp::BXOR: return coll::ReduceOp::kBxor;
     default: break;
   }
-  TORCH_CHECK_VALUE(false, "dlop ", opname, ": unsupported ReduceOp ", static_cast<int>(op.op_));
+  std::rethrow_exception(
+      torch_error(Errc::kInvalidArgument, c10::str("dlop ", opname, ": unsupported ReduceOp ", static_cast<int>(op.op_))));
 }
 
 std::optional<at::Tensor> premul_factor(const c10d::ReduceOp& op, const at::Tensor& like) {
   if (op != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
   const auto* supplement = dynamic_cast<PreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK_VALUE(supplement != nullptr, "dlop: PREMUL_SUM without its factor");
+  DLOP_CHECK_ARG(supplement != nullptr, "dlop: PREMUL_SUM without its factor");
   if (supplement->tensor_factor.defined()) {
     check_tensor(supplement->tensor_factor, "PREMUL_SUM factor");
     return supplement->tensor_factor.to(like.scalar_type());

@@ -3,11 +3,19 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include "backend/torch_error.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "world_registry.hpp"
 
 namespace dlop::backend {
+
+std::exception_ptr torch_error(Errc code, std::string message, c10::SourceLocation where) {
+  if (code == Errc::kInvalidArgument) {
+    return std::make_exception_ptr(CodedTorchError<c10::ValueError>(code, std::move(message), where));
+  }
+  return std::make_exception_ptr(CodedTorchError<c10::DistBackendError>(code, std::move(message), where));
+}
 
 std::exception_ptr to_torch_error(std::exception_ptr error) {
   if (!error) return nullptr;
@@ -16,18 +24,8 @@ std::exception_ptr to_torch_error(std::exception_ptr error) {
   } catch (const c10::Error&) {
     return error;
   } catch (const Error& e) {
-    try {
-      if (e.code() == Errc::kInvalidArgument) {
-        C10_THROW_ERROR(ValueError, e.what());
-      }
-      if (e.code() == Errc::kTimeout) {
-        // Callers written for Gloo match " Timed out " in the message.
-        C10_THROW_ERROR(DistBackendError, fmt::format("dlop: Timed out ({})", e.what()));
-      }
-      C10_THROW_ERROR(DistBackendError, e.what());
-    } catch (...) {
-      return std::current_exception();
-    }
+    // Callers written for Gloo match " Timed out " in the message.
+    return torch_error(e.code(), e.code() == Errc::kTimeout ? fmt::format("dlop: Timed out ({})", e.what()) : e.what());
   } catch (const std::exception& e) {
     try {
       C10_THROW_ERROR(DistBackendError, std::string("dlop: ") + e.what());
@@ -137,8 +135,8 @@ bool WorkDlop::wait(std::chrono::milliseconds timeout) {
       int waiting = kCallerWaiting;
       if (e.code() == Errc::kTimeout && !handle.test() &&
           (!claimed || waiter_.compare_exchange_strong(waiting, kNoWaiter))) {
-        C10_THROW_ERROR(DistBackendError, fmt::format("dlop: Work.wait timed out after {} ms waiting for {}",
-                                                      timeout.count(), handle.describe()));
+        std::rethrow_exception(torch_error(Errc::kTimeout, fmt::format("dlop: Work.wait timed out after {} ms waiting for {}",
+                                                                       timeout.count(), handle.describe())));
       }
     } catch (...) {
     }

@@ -86,8 +86,8 @@ class WorkDlop : public c10d::Work {
   std::atomic<int> waiter_{kNoWaiter};
 };
 
-// A torch exception for a dlop error: ValueError for invalid arguments,
-// DistBackendError for the rest (timeouts, dead peers, transport).
+// The torch exception for an exception dlop threw (torch_error for a
+// dlop::Error; c10 errors pass unchanged).
 std::exception_ptr to_torch_error(std::exception_ptr error);
 
 }  // namespace dlop::backend

@@ -1,4 +1,5 @@
 #include "collectives/registry.hpp"
+#include "collectives/select_reason.hpp"
 
 #include <fmt/format.h>
 
@@ -86,26 +87,51 @@ AlgorithmOverrides AlgorithmOverrides::parse(std::string_view text) {
   return overrides;
 }
 
-const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides) {
+namespace {
+
+const Algorithm& choose(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
+                        std::string* why) {
+  std::string declined;  // only filled when the caller asks why
+  const auto decline = [&](std::string_view name) {
+    if (why != nullptr) declined += fmt::format("{}{}", declined.empty() ? "" : ", ", name);
+  };
+  const auto chose = [&](const Algorithm& a, std::string_view reason) -> const Algorithm& {
+    if (why != nullptr) *why = declined.empty() ? std::string(reason) : fmt::format("{}; declined: {}", reason, declined);
+    return a;
+  };
   for (const auto& [kind, name] : overrides.forced) {
     if (kind != args.kind) continue;
     const Algorithm* forced = find(kind, name);
-    if (forced != nullptr && forced->accepts(args, group)) return *forced;
+    if (forced != nullptr && forced->accepts(args, group)) return chose(*forced, "forced by DLOP_ALGO");
     // A forced algorithm that cannot serve this case declines to the table.
+    decline(fmt::format("{} (forced by DLOP_ALGO)", name));
     break;
   }
   const std::size_t bytes = args.bytes();
   for (const TuningRule& rule : kTuning) {
     if (rule.kind != args.kind || bytes > rule.max_bytes) continue;
     const Algorithm* candidate = find(rule.kind, rule.algorithm);
-    if (candidate != nullptr && candidate->accepts(args, group)) return *candidate;
+    if (candidate == nullptr) continue;
+    if (candidate->accepts(args, group)) return chose(*candidate, "tuning table");
+    decline(candidate->name);
   }
   // Anything registered for the operation that accepts, as a last resort.
   for (const Algorithm& a : all_algorithms()) {
-    if (a.kind == args.kind && a.accepts(args, group)) return a;
+    if (a.kind == args.kind && a.accepts(args, group)) return chose(a, "no table entry accepted: first registered that does");
   }
   throw_error(Errc::kInvalidArgument, fmt::format("no algorithm can run {} of {} B on {} ranks", kind_name(args.kind),
                                                   bytes, group.size()));
+}
+
+}  // namespace
+
+const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides) {
+  return choose(args, group, overrides, nullptr);
+}
+
+const Algorithm& select_algorithm(const CollArgs& args, const Group& group, const AlgorithmOverrides& overrides,
+                                  std::string& why) {
+  return choose(args, group, overrides, &why);
 }
 
 }  // namespace dlop::coll

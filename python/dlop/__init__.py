@@ -14,6 +14,7 @@ launcher's rank and size and initialises the default process group.
 __version__ = "0.1.0"
 
 from dlop._backend import init, register_backend  # noqa: E402
+from dlop.errors import *  # noqa: E402,F403  (dlop.Error, dlop.PeerDeadError, ...)
 
 register_backend()
 

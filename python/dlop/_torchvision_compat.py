@@ -16,13 +16,13 @@ _libraries: list = []  # the declared schemas live as long as the process
 
 
 def import_torchvision():
+    import torch
+
     try:
         import torchvision
-    except RuntimeError as e:
-        if "torchvision::nms" not in str(e):
-            raise
-        import torch
-
+    except RuntimeError:
+        if hasattr(torch.ops.torchvision, "nms"):
+            raise  # the compiled operators are there: the import failed for another reason
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
         lib = torch.library.Library("torchvision", "DEF")

@@ -28,13 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from dlop._C import offload
     from dlop.data.offload_loader import _split
+    from dlop.errors import Error
 
     host, port = _split(args.address)
     with open(args.token_file, encoding="utf-8") as f:
         token = f.read().rstrip(" \t\n\r\v\f")  # as dlop-offloader reads it
     try:
         stats = offload.daemon_stats(host, port, token, args.timeout)
-    except RuntimeError as e:
+    except Error as e:
         print(f"dlop offloader-stats: {e}", file=sys.stderr)
         return 1
     print(json.dumps(stats, indent=1) if args.json else table(stats))

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 
+#include "collectives/select_reason.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "signature_check.hpp"
@@ -169,7 +171,19 @@ std::vector<int> Engine::awaited(const detail::OpState& op) const {
 const coll::Algorithm& Engine::select(detail::OpState& op) {
   AlgorithmCache::Entry* cached = op.comm->algorithms.slot_for(op.args);
   if (cached != nullptr && AlgorithmCache::matches(*cached, op.args)) return *cached->algorithm;
-  const coll::Algorithm& algorithm = coll::select_algorithm(op.args, *op.comm->group, overrides_);
+  // At info, the first choice for each (operation, size class) of a group is
+  // logged with its reason, so a run shows which algorithms served it.
+  std::string why;
+  const bool tell = log().should_log(spdlog::level::info);
+  const coll::Algorithm& algorithm = tell ? coll::select_algorithm(op.args, *op.comm->group, overrides_, why)
+                                          : coll::select_algorithm(op.args, *op.comm->group, overrides_);
+  const std::size_t bytes = op.args.bytes();
+  const int size_class = std::bit_width(bytes);  // bytes in [2^(c-1), 2^c)
+  if (tell && op.comm->logged_choices.emplace(op.args.kind, size_class).second) {
+    log().info("comm {} ({} ranks): {} of {} to {} B: algorithm {} ({})", op.comm->id, op.comm->group->size(),
+               coll::kind_name(op.args.kind), size_class == 0 ? 0 : std::size_t{1} << (size_class - 1),
+               size_class == 0 ? 0 : (std::size_t{1} << size_class) - 1, algorithm.name, why);
+  }
   if (cached != nullptr) {
     *cached = {.algorithm = &algorithm, .kind = op.args.kind, .dtype = op.args.dtype, .op = op.args.op,
                .root = op.args.root, .count = op.args.count};

@@ -9,7 +9,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/coll_args.hpp"
@@ -64,6 +66,8 @@ struct CommState {
   std::uint64_t next_seq = 0;       // collectives submitted so far (submission thread, under the submit lock)
   std::string broken;               // set once an operation failed: later ones fail fast (engine lock)
   AlgorithmCache algorithms;        // engine lock
+  // (operation, size class) whose algorithm choice was logged at info (engine lock).
+  std::set<std::pair<coll::CollKind, int>> logged_choices;
   std::uint64_t signature_tasks_made = 0;  // DLOP_DEBUG=detail: tasks made, in sequence order (engine lock)
 };
 

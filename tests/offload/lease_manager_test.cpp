@@ -316,8 +316,8 @@ TEST_F(LeaseManagerTest, NoDaemonLeftIsAnErrorAfterTheTimeout) {
   m.set_epoch(0);
   try {
     while (auto b = m.next()) m.release(b->slot);
-    FAIL() << "expected kPeerDead";
-  } catch (const Error& e) {
+    FAIL() << "expected NoOffloaderError";
+  } catch (const NoOffloaderError& e) {
     EXPECT_EQ(e.code(), Errc::kPeerDead);
   }
 }

@@ -350,3 +350,75 @@ def test_reduce_scatter_tensor_16mib(cluster):
         pytest.skip("16 MiB runs on 2 and 4 ranks")
     numel = (16 << 20) // 4 // cluster.world_size
     check(cluster, rank_reduce_scatter, "AVG", ("float32",), (numel,), "tensor")
+
+
+# ---------------------------------------------------------------------------
+# Sparse all-reduce (SUM only, as Gloo): the summed sparse tensor in place.
+
+SPARSE_CASES = ("empty", "one", "duplicates", "ragged", "two_sparse_dims", "dense_dims", "large")
+
+
+def _sparse_input(case: str, rank: int, dtype):
+    """Rank's input for a case: a function of (case, rank) only, so every rank can build everyone's."""
+    import torch
+
+    g = torch.Generator().manual_seed(100 * SPARSE_CASES.index(case) + rank)
+
+    def values(*shape):  # small integers: every sum is exact in every dtype
+        return torch.randint(-9, 10, shape, generator=g).to(dtype)
+
+    def coo(indices, vals, size):
+        return torch.sparse_coo_tensor(torch.tensor(indices, dtype=torch.long).reshape(len(size) - vals.dim() + 1, -1),
+                                       vals, size)
+
+    if case == "empty":  # no rank has an entry
+        return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), values(0), (5,))
+    if case == "one":
+        return coo([rank % 5], values(1), (5,))
+    if case == "duplicates":  # uncoalesced: index 1 twice here, and every rank has index 3
+        return coo([1, 1, 3, rank % 5], values(4), (5,))
+    if case == "ragged":  # rank r has r entries: rank 0 none
+        return coo(torch.randint(0, 7, (rank,), generator=g).tolist(), values(rank), (7,))
+    if case == "two_sparse_dims":
+        nnz = 3 + rank
+        return torch.sparse_coo_tensor(torch.stack([torch.randint(0, 4, (nnz,), generator=g),
+                                                    torch.randint(0, 6, (nnz,), generator=g)]), values(nnz), (4, 6))
+    if case == "dense_dims":  # sparse rows of 3 x 2 dense blocks
+        nnz = 2 + rank
+        return torch.sparse_coo_tensor(torch.randint(0, 5, (1, nnz), generator=g), values(nnz, 3, 2), (5, 3, 2))
+    if case == "large":
+        nnz = 3000 + 17 * rank
+        return torch.sparse_coo_tensor(torch.randint(0, 1000, (1, nnz), generator=g), values(nnz, 16), (1000, 16))
+    raise ValueError(case)
+
+
+def rank_sparse_all_reduce(ctx, dtype_name: str) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    dtype = dtype_of(dtype_name)
+    problems = []
+    for case in SPARSE_CASES:
+        inputs = [_sparse_input(case, r, dtype) for r in range(ctx.world_size)]
+        expected = sum(x.to_dense() for x in inputs)
+        mine = inputs[ctx.rank].clone()
+        gloo = inputs[ctx.rank].clone()
+        err = attempt(lambda: dist.all_reduce(mine))[1]
+        gloo_err = attempt(lambda: dist.all_reduce(gloo, group=ctx.gloo))[1]
+        what = f"sparse all_reduce {case} {dtype_name}"
+        if err is not None or gloo_err is not None:
+            problems.append(f"{what}: dlop raised {err!r}, Gloo {gloo_err!r}")
+            continue
+        if not mine.is_sparse or mine.shape != expected.shape:
+            problems.append(f"{what}: result is {mine.layout} of shape {tuple(mine.shape)}")
+            continue
+        for m in (mismatch(f"{what} vs reference", mine.to_dense(), expected),
+                  mismatch(f"{what} vs Gloo", mine.to_dense(), gloo.to_dense())):
+            if m:
+                problems.append(m)
+    return problems
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64", "int64"))
+def test_sparse_all_reduce(cluster, dtype):
+    check(cluster, rank_sparse_all_reduce, dtype)

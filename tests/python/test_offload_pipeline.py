@@ -15,7 +15,6 @@ same pixels. Each comparison states its tolerance:
 """
 
 import io
-import sys
 
 import numpy as np
 import pytest
@@ -29,30 +28,9 @@ if offload is None:
 
 from dlop.data.make_dataset import make_dataset, make_image  # noqa: E402
 
-_keep_alive = []
+from dlop._torchvision_compat import import_torchvision  # noqa: E402
 
-
-def _import_torchvision():
-    try:
-        import torchvision
-    except RuntimeError as e:
-        if "torchvision::nms" not in str(e):
-            raise
-        # PyPI's torchvision wheel is built against CUDA torch; next to the CPU
-        # torch its C++ ops do not load, and the import then fails registering
-        # fake kernels for two of them. The transforms compared here are pure
-        # Python on torch: declaring those two schemas lets the import finish.
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _keep_alive.append(lib)
-        import torchvision
-    return torchvision
-
-
-tv = _import_torchvision()
+tv = import_torchvision()
 from torchvision.transforms import functional as F1  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402

@@ -22,6 +22,15 @@
 
 namespace dlop::offload {
 
+// Every daemon of a LeaseManager is gone and none came back within
+// no_daemon_timeout: the caller may make the rest of the epoch itself
+// (dlop.NoOffloaderError in Python; its code stays kPeerDead for C++ callers
+// that test codes).
+class NoOffloaderError : public Error {
+ public:
+  explicit NoOffloaderError(const std::string& what) : Error(Errc::kPeerDead, what) {}
+};
+
 // Which samples make which batch of one rank in one epoch. DistributedSampler's
 // rules: the epoch's order (a seeded shuffle of 0..N-1, or 0..N-1) is cut to a
 // multiple of `world` when drop_last, else padded with its own first samples
@@ -115,7 +124,7 @@ class LeaseManager {
   // Starts `epoch` from its first batch; leases of the previous one are canceled.
   void set_epoch(std::uint64_t epoch);
   // The next batch in order, or nullopt at the end of the epoch. Throws
-  // kPeerDead when no daemon answered for no_daemon_timeout, and the daemon's
+  // NoOffloaderError when no daemon answered for no_daemon_timeout, and the daemon's
   // error when a batch failed under the raise policy.
   std::optional<Batch> next();
   // Gives a yielded batch's buffer back to the pool.

@@ -372,8 +372,8 @@ std::optional<Batch> LeaseManager::next() {
     if (live_daemons() == 0) {
       if (!alone_since) alone_since = Clock::now();
       if (Clock::now() - *alone_since >= m.opt.no_daemon_timeout) {
-        throw_error(Errc::kPeerDead, "offload: no dlop-offloader left (waited " +
-                                         std::to_string(m.opt.no_daemon_timeout.count()) + " ms)");
+        throw NoOffloaderError("dlop: no dlop-offloader left (waited " +
+                               std::to_string(m.opt.no_daemon_timeout.count()) + " ms for one to answer)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       continue;

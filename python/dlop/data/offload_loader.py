@@ -19,6 +19,7 @@ import torch
 
 from dlop import _C
 from dlop.data import _device, _python_job
+from dlop.errors import Error, NoOffloaderError
 
 _native = _C.offload
 
@@ -143,7 +144,7 @@ class OffloadLoader:
                         connect_timeout=connect_timeout, python=self._job,
                     )
                 self._manager.add_daemon(*_split(address))
-            except RuntimeError as e:
+            except Error as e:  # the daemon did not answer or refused: try the next one
                 reasons.append(f"{address}: {e}")
         if self._manager is not None and self._manager.live_daemons() == 0:
             self._manager = None
@@ -227,9 +228,7 @@ class OffloadLoader:
                     held = None
                 try:
                     got = m.next()
-                except RuntimeError as e:
-                    if "no dlop-offloader left" not in str(e):
-                        raise
+                except NoOffloaderError as e:
                     # Every daemon is gone: finish the epoch locally, said once.
                     self._manager = None
                     self._warn_fallback(str(e))

@@ -58,6 +58,7 @@ SUBSET_AS_GLOO = [
     "test_all_gather_object_subgroup",
     "test_scatter_object_list",
     "test_barrier_timeout_full_group",
+    "test_sparse_all_reduce_sum",
     "test_monitored_barrier_gloo",
     "test_monitored_barrier_gloo_rank_0_timeout",
 ]

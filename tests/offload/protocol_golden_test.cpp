@@ -44,11 +44,14 @@ struct Case {
   Bytes encoded;
   // Decodes bytes and re-encodes what it got; throws as decode<M> does.
   std::function<Bytes(std::span<const std::uint8_t>)> decode_encode;
+  // Whether bytes decode to the very message the case encoded.
+  std::function<bool(std::span<const std::uint8_t>)> decodes_to_it;
 };
 
 template <class M>
 Case make_case(std::string name, const M& m) {
-  return Case{std::move(name), M::kType, encode(m), [](std::span<const std::uint8_t> p) { return encode(decode<M>(p)); }};
+  return Case{std::move(name), M::kType, encode(m), [](std::span<const std::uint8_t> p) { return encode(decode<M>(p)); },
+              [m](std::span<const std::uint8_t> p) { return decode<M>(p) == m; }};
 }
 
 // Every message, with every field away from its default where it can be.
@@ -96,6 +99,7 @@ TEST(OffloadProtocolGolden, EveryMessageEncodesToTheVersion3Bytes) {
     EXPECT_EQ(hex(c.encoded), it->second);
     const Bytes golden = unhex(it->second);
     EXPECT_EQ(c.decode_encode(golden), golden);
+    EXPECT_TRUE(c.decodes_to_it(golden));
   }
   EXPECT_TRUE(recorded.empty()) << "golden bytes no case makes: " << *recorded.begin();
   EXPECT_EQ(types.size(), std::size_t{kMaxMsgType}) << "a message type without a golden case";

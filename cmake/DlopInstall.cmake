@@ -10,9 +10,6 @@ include(CMakePackageConfigHelpers)
 # Library target -> its name after dlop:: (lowest layer first).
 set(DLOP_EXPORTED_LIBRARIES dlop_core core dlop_transport transport dlop_collectives collectives
                             dlop_scheduler scheduler dlop_offload offload)
-if(TARGET dlop_transport_mpi)
-  list(APPEND DLOP_EXPORTED_LIBRARIES dlop_transport_mpi transport_mpi)
-endif()
 
 set(dlop_export_targets dlop_options)  # linked privately (LINK_ONLY): its link options travel with static libraries
 set_target_properties(dlop_options PROPERTIES EXPORT_NAME options)
@@ -33,12 +30,19 @@ endwhile()
 install(TARGETS ${dlop_export_targets} EXPORT dlopTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+set(DLOP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/dlop)
+# The MPI bootstrap is an optional component: its own export set, which the
+# package loads only where MPI is found (FindMPI needs the C language).
+if(TARGET dlop_transport_mpi)
+  set_target_properties(dlop_transport_mpi PROPERTIES EXPORT_NAME transport_mpi)
+  install(TARGETS dlop_transport_mpi EXPORT dlopMPITargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+  install(EXPORT dlopMPITargets NAMESPACE dlop:: DESTINATION ${DLOP_CMAKE_DIR} COMPONENT dev)
+endif()
 foreach(layer core transport collectives scheduler offload)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 endforeach()
 install(DIRECTORY ${PROJECT_BINARY_DIR}/core/generated/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 
-set(DLOP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/dlop)
 install(EXPORT dlopTargets NAMESPACE dlop:: DESTINATION ${DLOP_CMAKE_DIR} COMPONENT dev)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/dlopConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/cmake/dlopConfig.cmake INSTALL_DESTINATION ${DLOP_CMAKE_DIR})

@@ -226,6 +226,9 @@ void bind_sources(py::module_& m) {
 }
 
 void bind_pipeline(py::module_& m) {
+  m.def("transform_ops", &describe_ops,
+        "the native ops a transform spec may name, with their parameters (JSON text: a list of "
+        "{op, params: [{name, kind, required, default, expected}]})");
   py::class_<Pipeline>(m, "Pipeline", "a transform spec (JSON) run natively")
       .def(py::init([](const std::string& json) { return Pipeline::from_json(json); }), py::arg("spec"))
       .def_property_readonly("spec", [](const Pipeline& p) { return p.spec().to_json(); })

@@ -79,12 +79,57 @@ TEST(Spec, ErrorsSayWhereAndWhat) {
   expect_spec_error(R"({"ops": [], "on_error": "ignore"})", "\"on_error\" must be \"raise\" or \"skip\"");
 }
 
+// The op table is the one list of ops: the parser knows each by its name, the
+// unknown-op error and describe_ops() list all of them, and every op
+// round-trips through to_json with its parameters.
+TEST(Spec, EveryOpOfTheTableParsesAndIsListed) {
+  std::string unknown;
+  try {
+    TransformSpec::from_json(R"({"ops": [{"op": "rotate"}]})");
+  } catch (const Error& e) {
+    unknown = e.what();
+  }
+  const std::string described = describe_ops();
+  std::size_t ops = 0;
+  const auto check = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    const auto one = [&](const auto& op) {
+      const std::string name(op.kName);
+      ++ops;
+      EXPECT_NE(unknown.find(name), std::string::npos) << name;
+      EXPECT_NE(described.find("\"op\":\"" + name + "\""), std::string::npos) << name;
+    };
+    (one(std::variant_alternative_t<I, OpSpec>{}), ...);
+  };
+  check(std::make_index_sequence<std::variant_size_v<OpSpec>>{});
+  EXPECT_EQ(ops, 5u);
+  const TransformSpec spec = TransformSpec::from_json(
+      R"({"ops": [{"op": "resize", "size": 40, "max_size": 50, "antialias": false}, {"op": "center_crop", "size": [30, 20]},
+                  {"op": "random_resized_crop", "size": [16, 12], "scale": [0.5, 0.9], "ratio": [0.5, 2]},
+                  {"op": "hflip", "p": 0.25}, {"op": "normalize", "mean": [1, 2, 3], "std": [4, 5, 6]}]})");
+  EXPECT_EQ(TransformSpec::from_json(spec.to_json()).to_json(), spec.to_json());
+  EXPECT_EQ(std::get<ResizeOp>(spec.ops[0]).max_size, 50);
+  EXPECT_FALSE(std::get<ResizeOp>(spec.ops[0]).antialias);
+  EXPECT_EQ(std::get<CenterCropOp>(spec.ops[1]).size, (Size2{30, 20}));
+  EXPECT_EQ(std::get<RandomResizedCropOp>(spec.ops[2]).ratio, (std::array<double, 2>{0.5, 2.0}));
+  EXPECT_EQ(std::get<HFlipOp>(spec.ops[3]).p, 0.25);
+  EXPECT_EQ(std::get<NormalizeOp>(spec.ops[4]).std, (std::array<float, 3>{4, 5, 6}));
+  EXPECT_EQ(Pipeline(spec).fixed_shape(), (Shape{3, 16, 12}));
+}
+
 TEST(Spec, ValidateChecksSpecsBuiltInCpp) {
   TransformSpec spec;
   spec.ops.push_back(HFlipOp{2.0});
   EXPECT_THROW(Pipeline{spec}, Error);
   spec.ops = {ResizeOp{}};  // neither size nor shorter
   EXPECT_THROW(spec.validate(), Error);
+  spec.ops = {CenterCropOp{{0, 8}}};
+  EXPECT_THROW(spec.validate(), Error);
+  spec.ops = {RandomResizedCropOp{.scale = {0.0, 1.0}}};
+  EXPECT_THROW(spec.validate(), Error);
+  spec.ops = {NormalizeOp{.std = {1.0f, 0.0f, 1.0f}}};
+  EXPECT_THROW(spec.validate(), Error);
+  spec.ops = {NormalizeOp{}};
+  EXPECT_NO_THROW(spec.validate());
 }
 
 }  // namespace

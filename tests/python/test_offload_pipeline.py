@@ -248,6 +248,33 @@ def test_spec_errors_are_clear():
         offload.Pipeline('{"ops": [{"op": "hflip", "p": "often"}]}')
 
 
+def test_op_table_describes_what_the_parser_does():
+    import json
+
+    from dlop.data.wrap import _torchvision_ops
+
+    ops = {o["op"]: o["params"] for o in json.loads(offload.transform_ops())}
+    assert set(ops) == {"random_resized_crop", "resize", "center_crop", "hflip", "normalize"}
+    # Every torchvision transform that dlop.data.offload maps becomes an op of the table.
+    assert {op for _, op, _ in _torchvision_ops(tv.transforms)} <= set(ops)
+    with pytest.raises(Exception, match="known: " + ", ".join(ops)):
+        offload.Pipeline('{"ops": [{"op": "blur"}]}')
+    # An op given only its required parameters gets exactly the described defaults.
+    some = {"size": 8, "size_or_side": 8, "channels": [0.5, 0.25, 2.0]}
+    for name, params in ops.items():
+        given = {p["name"]: some[p["kind"]] for p in params if p["required"]}
+        parsed = json.loads(offload.Pipeline(json.dumps({"ops": [{"op": name, **given}]})).spec)["ops"][0]
+        assert set(parsed) == {"op"} | {p["name"] for p in params}, name
+        for p in params:
+            if p["required"]:
+                assert parsed[p["name"]] in (given[p["name"]], [given[p["name"]]] * 2), (name, p)
+            else:
+                assert parsed[p["name"]] == pytest.approx(p["default"]), (name, p)
+                bad = {"bool": 3, "number": -1, "integer": -1, "range": [2, 1], "size": 0}[p["kind"]]
+                with pytest.raises(Exception, match=rf'ops\[0\] \({name}\): "{p["name"]}" must be'):
+                    offload.Pipeline(json.dumps({"ops": [{"op": name, **given, p["name"]: bad}]}))
+
+
 # ---------------------------------------------------------------- dataset, sources, pack, batches
 
 

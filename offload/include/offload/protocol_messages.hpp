@@ -1,7 +1,11 @@
 // The messages of the offload protocol (payloads of the frames in
-// protocol.hpp). Each struct names its MsgType; encode() writes its payload
-// and decode<M>() parses one, throwing dlop::Error(kProtocol) on anything
-// truncated, oversized, out of range or followed by trailing bytes.
+// protocol.hpp). Each struct names its MsgType and lists its fields once, in
+// wire order, in fields(m, v): v(name, field) for numbers, bools and fixed
+// byte arrays, v(name, field, max_length) for strings and byte strings,
+// v(name, field, Range{lo, hi}) for enums, v(name, list) for lists. encode()
+// and decode<M>() both walk that list; decode<M>() throws
+// dlop::Error(kProtocol) on anything truncated, oversized, out of range or
+// followed by trailing bytes, then runs the message's check() if it has one.
 //
 // Encoding: integers little-endian; strings and byte strings as a u32 length
 // then the bytes; lists as a u32 count then the items; doubles as their
@@ -17,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -39,9 +44,17 @@ inline constexpr std::size_t kMaxText = 4096;         // error messages, skip re
 inline constexpr std::uint32_t kMaxBatch = 1u << 20;  // samples per batch
 inline constexpr std::size_t kMaxPython = 15u << 20;  // a pickled Dataset + collate_fn (the frame holds 16 MiB)
 
+// The values an enum field may take on the wire.
+struct Range {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+};
+
 struct Challenge {
   static constexpr MsgType kType = MsgType::kChallenge;
   Nonce server_nonce{};
+  static void fields(auto& m, auto& v) { v("server_nonce", m.server_nonce); }
+  bool operator==(const Challenge&) const = default;
 };
 
 struct Hello {
@@ -49,6 +62,12 @@ struct Hello {
   Nonce client_nonce{};
   Digest proof{};            // hello_proof(token, server nonce, client nonce)
   std::string client_name;   // for the daemon's logs
+  static void fields(auto& m, auto& v) {
+    v("client_nonce", m.client_nonce);
+    v("proof", m.proof);
+    v("client_name", m.client_name, kMaxName);
+  }
+  bool operator==(const Hello&) const = default;
 };
 
 struct Welcome {
@@ -58,6 +77,14 @@ struct Welcome {
   std::string daemon_name;    // host and version, for the client's logs
   std::string host;           // the daemon's host_identity(): with pid, tells the client when it is gone
   Nonce direct_nonce{};       // a same-host client proves its pid by holding this in its memory (CONFIGURE)
+  static void fields(auto& m, auto& v) {
+    v("threads", m.threads);
+    v("pid", m.pid);
+    v("daemon_name", m.daemon_name, kMaxName);
+    v("host", m.host, kMaxName);
+    v("direct_nonce", m.direct_nonce);
+  }
+  bool operator==(const Welcome&) const = default;
 };
 
 struct Configure {
@@ -74,6 +101,19 @@ struct Configure {
   // attach) before it writes batches into that process. 0: over UCX only.
   std::uint32_t pid = 0;
   std::uint64_t proof_address = 0;
+  static void fields(auto& m, auto& v) {
+    v("worker_address", m.worker_address, kMaxAddress);
+    v("host", m.host, kMaxName);
+    v("source", m.source, kMaxPath);
+    v("transform", m.transform, kMaxSpec);
+    v("python", m.python, kMaxPython);
+    v("seed", m.seed);
+    v("batch_size", m.batch_size);
+    v("pid", m.pid);
+    v("proof_address", m.proof_address);
+  }
+  void check() const;
+  bool operator==(const Configure&) const = default;
 };
 
 // kPythonBlob: the generic Python path. Batches are blobs of varying size
@@ -81,6 +121,7 @@ struct Configure {
 // comes before the data and gives its size, and the client posts its receive
 // then.
 enum class Dtype : std::uint8_t { kFloat32 = 0, kUint8 = 1, kPythonBlob = 2 };
+inline constexpr std::uint8_t kMaxDtype = 2;
 
 // The layout of one batch in the client's buffer: images (count x C x H x W
 // of dtype) from offset 0, labels (count int64) from labels_offset, where
@@ -96,6 +137,20 @@ struct Configured {
   std::uint64_t labels_offset = 0;
   std::uint64_t batch_bytes = 0;
   bool direct = false;  // the daemon writes batches straight into the addresses PRODUCE names
+  static void fields(auto& m, auto& v) {
+    v("dataset_size", m.dataset_size);
+    v("classes", m.classes);
+    v("channels", m.channels);
+    v("height", m.height);
+    v("width", m.width);
+    v("dtype", m.dtype, Range{0, kMaxDtype});
+    v("sample_bytes", m.sample_bytes);
+    v("labels_offset", m.labels_offset);
+    v("batch_bytes", m.batch_bytes);
+    v("direct", m.direct);
+  }
+  void check() const;
+  bool operator==(const Configured&) const = default;
 };
 
 struct Produce {
@@ -105,11 +160,25 @@ struct Produce {
   std::uint64_t batch = 0;    // the batch id, echoed back
   std::vector<std::uint64_t> indices;  // 1 .. batch_size sample indices
   std::uint64_t address = 0;  // a direct connection: the buffer (batch_bytes) to write; else 0 (UCX)
+  static void fields(auto& m, auto& v) {
+    v("lease", m.lease);
+    v("epoch", m.epoch);
+    v("batch", m.batch);
+    v("indices", m.indices);
+    v("address", m.address);
+  }
+  void check() const;
+  bool operator==(const Produce&) const = default;
 };
 
 struct Skipped {
   std::uint64_t index = 0;
   std::string reason;
+  static void fields(auto& m, auto& v) {
+    v("index", m.index);
+    v("reason", m.reason, kMaxText);
+  }
+  bool operator==(const Skipped&) const = default;
 };
 
 struct BatchReady {
@@ -119,6 +188,15 @@ struct BatchReady {
   std::uint32_t count = 0;        // samples in the buffer (fewer than asked when some were skipped)
   std::uint64_t bytes = 0;        // bytes sent into the buffer
   std::vector<Skipped> skipped;   // with the skip policy
+  static void fields(auto& m, auto& v) {
+    v("lease", m.lease);
+    v("batch", m.batch);
+    v("count", m.count);
+    v("bytes", m.bytes);
+    v("skipped", m.skipped);
+  }
+  void check() const;
+  bool operator==(const BatchReady&) const = default;
 };
 
 enum class ErrorCode : std::uint32_t {
@@ -135,20 +213,32 @@ struct ErrorMsg {
   std::uint64_t lease = 0;    // 0: about CONFIGURE or the connection
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
+  static void fields(auto& m, auto& v) {
+    v("lease", m.lease);
+    v("code", m.code, Range{1, kMaxErrorCode});
+    v("message", m.message, kMaxText);
+  }
+  bool operator==(const ErrorMsg&) const = default;
 };
 
 struct Cancel {
   static constexpr MsgType kType = MsgType::kCancel;
   std::uint64_t lease = 0;
+  static void fields(auto& m, auto& v) { v("lease", m.lease); }
+  bool operator==(const Cancel&) const = default;
 };
 
 struct Canceled {
   static constexpr MsgType kType = MsgType::kCanceled;
   std::uint64_t lease = 0;
+  static void fields(auto& m, auto& v) { v("lease", m.lease); }
+  bool operator==(const Canceled&) const = default;
 };
 
 struct StatsRequest {
   static constexpr MsgType kType = MsgType::kStatsRequest;
+  static void fields(auto&, auto&) {}
+  bool operator==(const StatsRequest&) const = default;
 };
 
 // One pipeline stage: items processed, seconds spent (summed over threads),
@@ -158,69 +248,52 @@ struct StageStats {
   std::uint64_t items = 0;
   double seconds = 0;
   std::uint64_t bytes = 0;
+  static void fields(auto& m, auto& v) {
+    v("name", m.name, kMaxName);
+    v("items", m.items);
+    v("seconds", m.seconds);
+    v("bytes", m.bytes);
+  }
+  bool operator==(const StageStats&) const = default;
 };
 
 struct Stats {
   static constexpr MsgType kType = MsgType::kStats;
   std::vector<StageStats> stages;
   std::vector<std::pair<std::string, std::uint64_t>> counters;
+  static void fields(auto& m, auto& v) {
+    v("stages", m.stages);
+    v("counters", m.counters);  // each: its name (up to kMaxName bytes), then its value
+  }
+  void check() const;
+  bool operator==(const Stats&) const = default;
 };
 
 struct Ping {
   static constexpr MsgType kType = MsgType::kPing;
   std::uint64_t token = 0;
+  static void fields(auto& m, auto& v) { v("token", m.token); }
+  bool operator==(const Ping&) const = default;
 };
 
 struct Pong {
   static constexpr MsgType kType = MsgType::kPong;
   std::uint64_t token = 0;  // the PING's
+  static void fields(auto& m, auto& v) { v("token", m.token); }
+  bool operator==(const Pong&) const = default;
 };
 
-Bytes encode(const Challenge& m);
-Bytes encode(const Hello& m);
-Bytes encode(const Welcome& m);
-Bytes encode(const Configure& m);
-Bytes encode(const Configured& m);
-Bytes encode(const Produce& m);
-Bytes encode(const BatchReady& m);
-Bytes encode(const ErrorMsg& m);
-Bytes encode(const Cancel& m);
-Bytes encode(const Canceled& m);
-Bytes encode(const StatsRequest& m);
-Bytes encode(const Stats& m);
-Bytes encode(const Ping& m);
-Bytes encode(const Pong& m);
-
+// A message: a struct with its kType and its fields() (above). encode and
+// decode exist for every one of them (messages.cpp lists them).
 template <class M>
+concept Message = requires {
+  { M::kType } -> std::convertible_to<MsgType>;
+};
+
+template <Message M>
+Bytes encode(const M& m);
+template <Message M>
 M decode(std::span<const std::uint8_t> payload);
-template <>
-Challenge decode<Challenge>(std::span<const std::uint8_t> payload);
-template <>
-Hello decode<Hello>(std::span<const std::uint8_t> payload);
-template <>
-Welcome decode<Welcome>(std::span<const std::uint8_t> payload);
-template <>
-Configure decode<Configure>(std::span<const std::uint8_t> payload);
-template <>
-Configured decode<Configured>(std::span<const std::uint8_t> payload);
-template <>
-Produce decode<Produce>(std::span<const std::uint8_t> payload);
-template <>
-BatchReady decode<BatchReady>(std::span<const std::uint8_t> payload);
-template <>
-ErrorMsg decode<ErrorMsg>(std::span<const std::uint8_t> payload);
-template <>
-Cancel decode<Cancel>(std::span<const std::uint8_t> payload);
-template <>
-Canceled decode<Canceled>(std::span<const std::uint8_t> payload);
-template <>
-StatsRequest decode<StatsRequest>(std::span<const std::uint8_t> payload);
-template <>
-Stats decode<Stats>(std::span<const std::uint8_t> payload);
-template <>
-Ping decode<Ping>(std::span<const std::uint8_t> payload);
-template <>
-Pong decode<Pong>(std::span<const std::uint8_t> payload);
 
 // Parses a frame's payload by its type, for tools and the fuzzer: throws as
 // decode<M> does.

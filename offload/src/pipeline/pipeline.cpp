@@ -20,17 +20,16 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 Pipeline::Pipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
 
 std::optional<Shape> Pipeline::fixed_shape() const {
-  std::optional<Shape> shape;
+  std::optional<Size2> size;
   for (const OpSpec& op : spec_.ops) {
-    if (const auto* c = std::get_if<RandomResizedCropOp>(&op)) {
-      shape = Shape{3, c->size[0], c->size[1]};
-    } else if (const auto* r = std::get_if<ResizeOp>(&op)) {
-      shape = r->size ? std::optional(Shape{3, (*r->size)[0], (*r->size)[1]}) : std::nullopt;
-    } else if (const auto* cc = std::get_if<CenterCropOp>(&op)) {
-      shape = Shape{3, cc->size[0], cc->size[1]};
-    }
+    std::visit(
+        [&](const auto& o) {
+          if constexpr (requires { o.output_size(size); }) size = o.output_size(size);
+        },
+        op);
   }
-  return shape;
+  if (!size) return std::nullopt;
+  return Shape{3, (*size)[0], (*size)[1]};
 }
 
 const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const SampleKey& key,
@@ -58,35 +57,13 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
     std::swap(cur, other);
     first = 1;
   }
+  OpSample sample(*cur, *other, key);
   for (std::size_t i = first; i < spec_.ops.size(); ++i) {
-    const OpSpec& op = spec_.ops[i];
-    // Each op draws from its own stream (its position), so the draws of one
-    // op never depend on how many another made.
-    if (const auto* c = std::get_if<RandomResizedCropOp>(&op)) {
-      SampleRng rng(key, i);
-      const CropBox box = random_resized_crop_box(cur->height, cur->width, c->scale, c->ratio, rng);
-      resize(*cur, box, c->size[0], c->size[1], c->antialias, *other);
-      std::swap(cur, other);
-    } else if (const auto* r = std::get_if<ResizeOp>(&op)) {
-      const auto [h, w] = r->size ? std::pair{(*r->size)[0], (*r->size)[1]}
-                                  : resize_shorter_side(cur->height, cur->width, *r->shorter, r->max_size);
-      if (h != cur->height || w != cur->width) {
-        resize(*cur, CropBox{0, 0, cur->height, cur->width}, h, w, r->antialias, *other);
-        std::swap(cur, other);
-      }
-    } else if (const auto* cc = std::get_if<CenterCropOp>(&op)) {
-      const CropBox box = center_crop_box(cur->height, cur->width, cc->size[0], cc->size[1]);
-      if (box != CropBox{0, 0, cur->height, cur->width}) {
-        crop(*cur, box, *other);
-        std::swap(cur, other);
-      }
-    } else if (const auto* f = std::get_if<HFlipOp>(&op)) {
-      SampleRng rng(key, i);
-      if (rng.uniform() < f->p) hflip(*cur);
-    }
+    sample.at(i);
+    std::visit([&](const auto& op) { op.apply(sample); }, spec_.ops[i]);
   }
   scratch.times.augment += seconds(Clock::now() - decoded);
-  return *cur;
+  return sample.image();
 }
 
 void Pipeline::emit(const Image& image, std::byte* out) const {

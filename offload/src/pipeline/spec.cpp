@@ -1,10 +1,16 @@
-// JSON <-> TransformSpec. Every error names where in the spec it is.
+// JSON <-> TransformSpec, driven by the op table (transform_ops.hpp): each op's
+// params() is walked by a reader (JSON to fields), a checker (validate), a
+// writer (to_json) and a describer (describe_ops). Every error names where in
+// the spec it is.
 #include "offload/spec.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/error.hpp"
@@ -18,6 +24,32 @@ using nlohmann::json;
   throw_error(Errc::kInvalidArgument, fmt::format("transform spec: {}: {}", where, what));
 }
 
+// Every op of the table, default-constructed: the parser starts from these.
+template <std::size_t... I>
+std::array<OpSpec, sizeof...(I)> all_ops(std::index_sequence<I...>) {
+  return {OpSpec(std::in_place_index<I>)...};
+}
+const std::array<OpSpec, std::variant_size_v<OpSpec>>& op_table() {
+  static const auto table = all_ops(std::make_index_sequence<std::variant_size_v<OpSpec>>{});
+  return table;
+}
+
+// The rules each kind of parameter obeys, in one place for the reader and the
+// checker: whether a value is allowed, and what is expected in words.
+bool side_ok(long long v) { return v > 0 && v <= kMaxSide; }
+bool range_ok(const std::array<double, 2>& r, Low low) {
+  return r[0] <= r[1] && (low == Low::kPositive ? r[0] > 0 : r[0] >= 0);
+}
+std::string range_expected(Low low) {
+  return low == Low::kPositive ? "[low, high] with 0 < low <= high" : "[low, high] with 0 <= low <= high";
+}
+std::string number_expected(double lo, double hi) { return fmt::format("a number in [{}, {}]", lo, hi); }
+std::string integer_expected(int lo, int hi) { return fmt::format("an integer in [{}, {}]", lo, hi); }
+std::string channels_expected(Zero zero) {
+  return zero == Zero::kRefused ? "a list of 3 non-zero numbers (one per channel)" : "a list of 3 numbers (one per channel)";
+}
+constexpr const char* kSizeExpected = "a positive integer or [height, width]";
+
 // One JSON object being read: remembers which keys were used, so that
 // leftovers (typos such as "sacle") are errors instead of silently ignored.
 class Fields {
@@ -29,6 +61,11 @@ class Fields {
     used_.insert(key);
     const auto it = j_.find(key);
     return it == j_.end() ? nullptr : &*it;
+  }
+  const json& need(const char* key) {
+    const json* v = get(key);
+    if (v == nullptr) fail(where_, fmt::format("missing \"{}\"", key));
+    return *v;
   }
   [[noreturn]] void bad(const char* key, std::string_view expected) const {
     fail(where_, fmt::format("\"{}\" must be {}, got {}", key, expected, j_.at(key).dump()));
@@ -46,63 +83,155 @@ class Fields {
   std::set<std::string, std::less<>> used_;
 };
 
-void read_number(Fields& f, const char* key, double& out, double lo, double hi, std::string_view expected) {
-  if (const json* v = f.get(key)) {
-    if (!v->is_number() || v->get<double>() < lo || v->get<double>() > hi) f.bad(key, expected);
-    out = v->get<double>();
-  }
-}
+bool is_side(const json& v) { return v.is_number_integer() && side_ok(v.get<long long>()); }
 
-void read_bool(Fields& f, const char* key, bool& out) {
-  if (const json* v = f.get(key)) {
-    if (!v->is_boolean()) f.bad(key, "true or false");
-    out = v->get<bool>();
+// Reads an op's parameters from its JSON object (the reader of params()).
+class Reader {
+ public:
+  explicit Reader(Fields& f) : f_(f) {}
+  void size(const char* key, Size2& out, Need need) {
+    const json* v = need == Need::kRequired ? &f_.need(key) : f_.get(key);
+    if (v != nullptr) out = as_size(key, *v);
   }
-}
-
-constexpr int kMaxSide = 1 << 15;
-
-bool is_side(const json& v) { return v.is_number_integer() && v.get<long long>() > 0 && v.get<long long>() <= kMaxSide; }
-
-// "size": 224 or [224, 192] ({height, width}).
-Size2 read_size(Fields& f, const char* key, bool required, Size2 fallback) {
-  const json* v = f.get(key);
-  if (v == nullptr) {
-    if (required) fail(f.where(), fmt::format("missing \"{}\"", key));
-    return fallback;
-  }
-  if (is_side(*v)) return {v->get<int>(), v->get<int>()};
-  if (v->is_array() && v->size() == 2 && is_side((*v)[0]) && is_side((*v)[1])) {
-    return {(*v)[0].get<int>(), (*v)[1].get<int>()};
-  }
-  f.bad(key, "a positive integer or [height, width]");
-}
-
-std::array<double, 2> read_range(Fields& f, const char* key, std::array<double, 2> fallback, bool positive) {
-  const json* v = f.get(key);
-  if (v == nullptr) return fallback;
-  if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number()) {
-    f.bad(key, "[low, high]");
-  }
-  const std::array<double, 2> r{(*v)[0].get<double>(), (*v)[1].get<double>()};
-  if (r[0] > r[1] || (positive && r[0] <= 0) || r[0] < 0) {
-    f.bad(key, positive ? "[low, high] with 0 < low <= high" : "[low, high] with 0 <= low <= high");
-  }
-  return r;
-}
-
-std::array<float, 3> read_triple(Fields& f, const char* key, bool nonzero) {
-  const json* v = f.get(key);
-  if (v == nullptr) fail(f.where(), fmt::format("missing \"{}\"", key));
-  std::array<float, 3> out{};
-  if (!v->is_array() || v->size() != 3) f.bad(key, "a list of 3 numbers (one per channel)");
-  for (std::size_t i = 0; i < 3; ++i) {
-    if (!(*v)[i].is_number() || (nonzero && (*v)[i].get<double>() == 0.0)) {
-      f.bad(key, nonzero ? "a list of 3 non-zero numbers" : "a list of 3 numbers");
+  void size_or_side(const char* key, std::optional<Size2>& size, std::optional<int>& side) {
+    const json& v = f_.need(key);
+    if (is_side(v)) {
+      side = v.get<int>();
+    } else {
+      size = as_size(key, v);
     }
-    out[i] = static_cast<float>((*v)[i].get<double>());
   }
-  return out;
+  void range(const char* key, std::array<double, 2>& out, Low low) {
+    const json* v = f_.get(key);
+    if (v == nullptr) return;
+    if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number()) f_.bad(key, "[low, high]");
+    out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
+    if (!range_ok(out, low)) f_.bad(key, range_expected(low));
+  }
+  void flag(const char* key, bool& out) {
+    if (const json* v = f_.get(key)) {
+      if (!v->is_boolean()) f_.bad(key, "true or false");
+      out = v->get<bool>();
+    }
+  }
+  void number(const char* key, double& out, double lo, double hi) {
+    if (const json* v = f_.get(key)) {
+      if (!v->is_number() || !(v->get<double>() >= lo && v->get<double>() <= hi)) f_.bad(key, number_expected(lo, hi));
+      out = v->get<double>();
+    }
+  }
+  void integer(const char* key, int& out, int lo, int hi) {
+    if (const json* v = f_.get(key)) {
+      if (!v->is_number_integer() || v->get<long long>() < lo || v->get<long long>() > hi) {
+        f_.bad(key, integer_expected(lo, hi));
+      }
+      out = v->get<int>();
+    }
+  }
+  void channels(const char* key, std::array<float, 3>& out, Zero zero) {
+    const json& v = f_.need(key);
+    if (!v.is_array() || v.size() != 3) f_.bad(key, channels_expected(zero));
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (!v[i].is_number() || (zero == Zero::kRefused && v[i].get<double>() == 0.0)) f_.bad(key, channels_expected(zero));
+      out[i] = static_cast<float>(v[i].get<double>());
+    }
+  }
+
+ private:
+  Size2 as_size(const char* key, const json& v) {
+    if (is_side(v)) return {v.get<int>(), v.get<int>()};
+    if (v.is_array() && v.size() == 2 && is_side(v[0]) && is_side(v[1])) return {v[0].get<int>(), v[1].get<int>()};
+    f_.bad(key, kSizeExpected);
+  }
+  Fields& f_;
+};
+
+// Checks an op's parameters where they were set in C++ (the checker of params()).
+class Checker {
+ public:
+  explicit Checker(const std::string& where) : where_(where) {}
+  void size(const char* key, const Size2& s, Need) {
+    if (!side_ok(s[0]) || !side_ok(s[1])) bad(key, kSizeExpected);
+  }
+  void size_or_side(const char* key, const std::optional<Size2>& size, const std::optional<int>& side) {
+    if (size.has_value() == side.has_value()) fail(where_, "exactly one of size and shorter must be set");
+    if (size) this->size(key, *size, Need::kRequired);
+    if (side && !side_ok(*side)) bad(key, kSizeExpected);
+  }
+  void range(const char* key, const std::array<double, 2>& r, Low low) {
+    if (!range_ok(r, low)) bad(key, range_expected(low));
+  }
+  void flag(const char*, bool) {}
+  void number(const char* key, double v, double lo, double hi) {
+    if (!(v >= lo && v <= hi)) bad(key, number_expected(lo, hi));
+  }
+  void integer(const char* key, int v, int lo, int hi) {
+    if (v < lo || v > hi) bad(key, integer_expected(lo, hi));
+  }
+  void channels(const char* key, const std::array<float, 3>& c, Zero zero) {
+    for (const float x : c) {
+      if (!std::isfinite(x) || (zero == Zero::kRefused && x == 0.0f)) bad(key, channels_expected(zero));
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(const char* key, std::string_view expected) const {
+    fail(where_, fmt::format("\"{}\" must be {}", key, expected));
+  }
+  const std::string& where_;
+};
+
+json size_json(const Size2& s) { return json::array({s[0], s[1]}); }
+
+// Writes an op's parameters as JSON (the writer of params()).
+class Writer {
+ public:
+  explicit Writer(json& out) : out_(out) {}
+  void size(const char* key, const Size2& s, Need) { out_[key] = size_json(s); }
+  void size_or_side(const char* key, const std::optional<Size2>& size, const std::optional<int>& side) {
+    out_[key] = side ? json(*side) : size_json(size.value_or(Size2{}));
+  }
+  void range(const char* key, const std::array<double, 2>& r, Low) { out_[key] = r; }
+  void flag(const char* key, bool v) { out_[key] = v; }
+  void number(const char* key, double v, double, double) { out_[key] = v; }
+  void integer(const char* key, int v, int, int) { out_[key] = v; }
+  void channels(const char* key, const std::array<float, 3>& c, Zero) { out_[key] = c; }
+
+ private:
+  json& out_;
+};
+
+// Describes an op's parameters for tools and Python (the describer of params()).
+class Describer {
+ public:
+  void size(const char* key, const Size2& s, Need need) {
+    add(key, "size", need == Need::kRequired ? json() : size_json(s), kSizeExpected);
+  }
+  void size_or_side(const char* key, const std::optional<Size2>&, const std::optional<int>&) {
+    add(key, "size_or_side", json(), "a positive integer (the shorter side) or [height, width]");
+  }
+  void range(const char* key, const std::array<double, 2>& r, Low low) { add(key, "range", r, range_expected(low)); }
+  void flag(const char* key, bool v) { add(key, "bool", v, "true or false"); }
+  void number(const char* key, double v, double lo, double hi) { add(key, "number", v, number_expected(lo, hi)); }
+  void integer(const char* key, int v, int lo, int hi) { add(key, "integer", v, integer_expected(lo, hi)); }
+  void channels(const char* key, const std::array<float, 3>&, Zero zero) {
+    add(key, "channels", json(), channels_expected(zero));
+  }
+  json params = json::array();
+
+ private:
+  // A null default means the parameter is required.
+  void add(const char* key, const char* kind, json fallback, std::string_view expected) {
+    json p{{"name", key}, {"kind", kind}, {"required", fallback.is_null()}, {"expected", expected}};
+    if (!fallback.is_null()) p["default"] = std::move(fallback);
+    params.push_back(std::move(p));
+  }
+};
+
+std::string known_ops() {
+  std::vector<std::string_view> names;
+  for (const OpSpec& op : op_table()) names.push_back(op_name(op));
+  return fmt::format("{}", fmt::join(names, ", "));
 }
 
 OpSpec parse_op(const json& j, std::size_t index) {
@@ -112,59 +241,36 @@ OpSpec parse_op(const json& j, std::size_t index) {
   const std::string name = j["op"].get<std::string>();
   Fields f(j, fmt::format("ops[{}] ({})", index, name));
   f.get("op");
-  OpSpec result;
-  if (name == "random_resized_crop") {
-    RandomResizedCropOp op;
-    op.size = read_size(f, "size", true, op.size);
-    op.scale = read_range(f, "scale", op.scale, true);
-    op.ratio = read_range(f, "ratio", op.ratio, true);
-    read_bool(f, "antialias", op.antialias);
-    result = op;
-  } else if (name == "resize") {
-    ResizeOp op;
-    const json* size = f.get("size");
-    if (size == nullptr) fail(f.where(), "missing \"size\"");
-    if (is_side(*size)) {
-      op.shorter = size->get<int>();
-    } else {
-      op.size = read_size(f, "size", true, {});
-    }
-    double max_size = 0;
-    read_number(f, "max_size", max_size, 0, kMaxSide, "a positive integer");
-    op.max_size = static_cast<int>(max_size);
-    if (op.max_size != 0 && (!op.shorter || op.max_size <= *op.shorter)) {
-      fail(f.where(), "\"max_size\" needs \"size\" as one integer smaller than it");
-    }
-    read_bool(f, "antialias", op.antialias);
-    result = op;
-  } else if (name == "center_crop") {
-    CenterCropOp op;
-    op.size = read_size(f, "size", true, op.size);
-    result = op;
-  } else if (name == "hflip") {
-    HFlipOp op;
-    read_number(f, "p", op.p, 0.0, 1.0, "a number in [0, 1]");
-    result = op;
-  } else if (name == "normalize") {
-    NormalizeOp op;
-    op.mean = read_triple(f, "mean", false);
-    op.std = read_triple(f, "std", true);
-    result = op;
-  } else {
-    fail(f.where(), "unknown op (known: random_resized_crop, resize, center_crop, hflip, normalize)");
-  }
+  const auto& table = op_table();
+  const auto it = std::find_if(table.begin(), table.end(), [&](const OpSpec& op) { return op_name(op) == name; });
+  if (it == table.end()) fail(f.where(), fmt::format("unknown op (known: {})", known_ops()));
+  OpSpec result = *it;
+  std::visit(
+      [&](auto& op) {
+        Reader reader(f);
+        op.params(op, reader);
+      },
+      result);
   f.finish();
   return result;
 }
 
-json size_json(const Size2& s) { return json::array({s[0], s[1]}); }
+template <class E>
+E read_choice(Fields& f, const char* key, E fallback, std::initializer_list<std::pair<const char*, E>> choices) {
+  const json* v = f.get(key);
+  if (v == nullptr) return fallback;
+  std::vector<std::string> names;
+  for (const auto& [name, value] : choices) {
+    if (*v == name) return value;
+    names.push_back(fmt::format("\"{}\"", name));
+  }
+  f.bad(key, fmt::format("{}", fmt::join(names, " or ")));
+}
 
 }  // namespace
 
 std::string_view op_name(const OpSpec& op) {
-  static constexpr std::string_view kNames[] = {"random_resized_crop", "resize", "center_crop", "hflip",
-                                                "normalize"};
-  return kNames[op.index()];
+  return std::visit([](const auto& o) { return o.kName; }, op);
 }
 
 TransformSpec TransformSpec::from_json(std::string_view text) {
@@ -179,24 +285,8 @@ TransformSpec TransformSpec::from_json(std::string_view text) {
   const json* ops = f.get("ops");
   if (ops == nullptr || !ops->is_array()) fail("top level", "\"ops\" must be a list of ops");
   for (std::size_t i = 0; i < ops->size(); ++i) spec.ops.push_back(parse_op((*ops)[i], i));
-  if (const json* v = f.get("output")) {
-    if (*v == "float32") {
-      spec.output = OutputType::kFloat32;
-    } else if (*v == "uint8") {
-      spec.output = OutputType::kUint8;
-    } else {
-      f.bad("output", "\"float32\" or \"uint8\"");
-    }
-  }
-  if (const json* v = f.get("on_error")) {
-    if (*v == "raise") {
-      spec.on_error = ErrorPolicy::kRaise;
-    } else if (*v == "skip") {
-      spec.on_error = ErrorPolicy::kSkip;
-    } else {
-      f.bad("on_error", "\"raise\" or \"skip\"");
-    }
-  }
+  spec.output = read_choice(f, "output", spec.output, {{"float32", OutputType::kFloat32}, {"uint8", OutputType::kUint8}});
+  spec.on_error = read_choice(f, "on_error", spec.on_error, {{"raise", ErrorPolicy::kRaise}, {"skip", ErrorPolicy::kSkip}});
   f.finish();
   spec.validate();
   return spec;
@@ -205,23 +295,22 @@ TransformSpec TransformSpec::from_json(std::string_view text) {
 void TransformSpec::validate() const {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::string where = fmt::format("ops[{}] ({})", i, op_name(ops[i]));
-    if (std::holds_alternative<NormalizeOp>(ops[i])) {
-      if (i + 1 != ops.size()) fail(where, "normalize must be the last op");
-      if (output == OutputType::kUint8) fail(where, "normalize makes float32 output; \"output\" is \"uint8\"");
-      for (const float s : std::get<NormalizeOp>(ops[i]).std) {
-        if (s == 0.0f) fail(where, "\"std\" must not contain 0");
-      }
-    }
-    if (const auto* r = std::get_if<ResizeOp>(&ops[i]); r != nullptr && r->size.has_value() == r->shorter.has_value()) {
-      fail(where, "exactly one of size and shorter must be set");
-    }
-    if (const auto* p = std::get_if<HFlipOp>(&ops[i]); p != nullptr && !(p->p >= 0.0 && p->p <= 1.0)) {
-      fail(where, "\"p\" must be a number in [0, 1]");
-    }
-    if (const auto* c = std::get_if<RandomResizedCropOp>(&ops[i]);
-        c != nullptr && !(c->scale[0] > 0 && c->scale[0] <= c->scale[1] && c->ratio[0] > 0 && c->ratio[0] <= c->ratio[1])) {
-      fail(where, "\"scale\" and \"ratio\" must be [low, high] with 0 < low <= high");
-    }
+    std::visit(
+        [&](const auto& op) {
+          using Op = std::remove_cvref_t<decltype(op)>;
+          Checker checker(where);
+          Op::params(op, checker);
+          if constexpr (requires { op.check(); }) {
+            if (const std::string problem = op.check(); !problem.empty()) fail(where, problem);
+          }
+          if constexpr (requires { Op::kLastAndFloat; }) {
+            if (i + 1 != ops.size()) fail(where, fmt::format("{} must be the last op", Op::kName));
+            if (output == OutputType::kUint8) {
+              fail(where, fmt::format("{} makes float32 output; \"output\" is \"uint8\"", Op::kName));
+            }
+          }
+        },
+        ops[i]);
   }
 }
 
@@ -229,29 +318,24 @@ std::string TransformSpec::to_json() const {
   json ops_json = json::array();
   for (const OpSpec& op : ops) {
     json o{{"op", std::string(op_name(op))}};
-    if (const auto* c = std::get_if<RandomResizedCropOp>(&op)) {
-      o["size"] = size_json(c->size);
-      o["scale"] = c->scale;
-      o["ratio"] = c->ratio;
-      o["antialias"] = c->antialias;
-    } else if (const auto* r = std::get_if<ResizeOp>(&op)) {
-      o["size"] = r->shorter ? json(*r->shorter) : size_json(*r->size);
-      if (r->max_size) o["max_size"] = r->max_size;
-      o["antialias"] = r->antialias;
-    } else if (const auto* cc = std::get_if<CenterCropOp>(&op)) {
-      o["size"] = size_json(cc->size);
-    } else if (const auto* h = std::get_if<HFlipOp>(&op)) {
-      o["p"] = h->p;
-    } else if (const auto* n = std::get_if<NormalizeOp>(&op)) {
-      o["mean"] = n->mean;
-      o["std"] = n->std;
-    }
+    Writer writer(o);
+    std::visit([&](const auto& x) { x.params(x, writer); }, op);
     ops_json.push_back(std::move(o));
   }
   const json j{{"ops", std::move(ops_json)},
                {"output", output == OutputType::kUint8 ? "uint8" : "float32"},
                {"on_error", on_error == ErrorPolicy::kSkip ? "skip" : "raise"}};
   return j.dump();
+}
+
+std::string describe_ops() {
+  json out = json::array();
+  for (const OpSpec& op : op_table()) {
+    Describer d;
+    std::visit([&](const auto& x) { x.params(x, d); }, op);
+    out.push_back(json{{"op", std::string(op_name(op))}, {"params", std::move(d.params)}});
+  }
+  return out.dump();
 }
 
 }  // namespace dlop::offload

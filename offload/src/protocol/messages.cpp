@@ -1,4 +1,7 @@
+// Encoding and decoding of every message, from its fields() table: the
+// encoder and the decoder walk the same list, so they cannot disagree.
 #include <cmath>
+#include <type_traits>
 
 #include "offload/protocol_messages.hpp"
 #include "wire.hpp"
@@ -7,343 +10,253 @@ namespace dlop::offload::protocol {
 
 namespace {
 
-template <class F>
-Bytes build(F&& fill) {
-  Bytes out;
-  Writer w(out);
-  fill(w);
-  return out;
+[[noreturn]] void bad(const std::string& what) { throw_error(Errc::kProtocol, what); }
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// An integer of the wire's sizes (bool is one byte, 0 or 1; enums travel as
+// their underlying type).
+template <class T>
+concept WireInt = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+// A list's items are a message-like struct (its fields()), a STATS counter
+// (a name then a value) or a plain value.
+template <class Item, class V>
+void visit_item(Item& item, V& v) {
+  using T = std::remove_const_t<Item>;
+  if constexpr (requires { T::fields(item, v); }) {
+    T::fields(item, v);
+  } else if constexpr (std::is_same_v<T, std::pair<std::string, std::uint64_t>>) {
+    v("name", item.first, kMaxName);
+    v("value", item.second);
+  } else {
+    v("item", item);
+  }
 }
 
-[[noreturn]] void bad(const std::string& what) { throw_error(Errc::kProtocol, what); }
+// The fewest bytes one list item takes: a count that the rest of a payload
+// could not hold is refused before anything is allocated.
+class MinBytes {
+ public:
+  template <class T>
+  void operator()(std::string_view, const T&) {
+    if constexpr (std::is_same_v<T, bool>) {
+      n += 1;
+    } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+      n += sizeof(T);
+    } else if constexpr (IsVector<T>::value) {
+      n += 4;
+    } else {
+      n += std::tuple_size_v<T>;  // a fixed array of bytes
+    }
+  }
+  template <class T, class Limit>
+  void operator()(std::string_view, const T&, Limit) {
+    n += std::is_enum_v<T> ? sizeof(T) : 4;  // an enum, or a length-prefixed string
+  }
+  std::size_t n = 0;
+};
+
+template <class Item>
+std::size_t min_bytes() {
+  MinBytes m;
+  const Item item{};
+  visit_item(item, m);
+  return m.n;
+}
+
+class Encoder {
+ public:
+  explicit Encoder(Bytes& out) : w_(out) {}
+  template <class T>
+  void operator()(std::string_view, const T& value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      w_.u8(value ? 1 : 0);
+    } else if constexpr (WireInt<T>) {
+      integer(value);
+    } else if constexpr (std::is_same_v<T, double>) {
+      w_.f64(value);
+    } else if constexpr (IsVector<T>::value) {
+      w_.u32(static_cast<std::uint32_t>(value.size()));
+      for (const auto& item : value) visit_item(item, *this);
+    } else {
+      w_.fixed(value);
+    }
+  }
+  // A string or byte string (its length limit is the decoder's), or an enum.
+  void operator()(std::string_view, const std::string& s, std::size_t) { w_.str(s); }
+  void operator()(std::string_view, const Bytes& b, std::size_t) { w_.bytes(b); }
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(std::string_view, E e, Range) {
+    integer(static_cast<std::underlying_type_t<E>>(e));
+  }
+
+ private:
+  template <class T>
+  void integer(T v) {
+    if constexpr (sizeof(T) == 1) {
+      w_.u8(v);
+    } else if constexpr (sizeof(T) == 2) {
+      w_.u16(v);
+    } else if constexpr (sizeof(T) == 4) {
+      w_.u32(v);
+    } else {
+      static_assert(sizeof(T) == 8);
+      w_.u64(v);
+    }
+  }
+  Writer w_;
+};
+
+class Decoder {
+ public:
+  Decoder(std::span<const std::uint8_t> in, std::string_view message) : r_(in), message_(message) {}
+  template <class T>
+  void operator()(std::string_view name, T& value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      const std::uint8_t b = r_.u8();
+      if (b > 1) bad(std::string(message_) + " with " + std::string(name) + " " + std::to_string(b));
+      value = b == 1;
+    } else if constexpr (WireInt<T>) {
+      value = integer<T>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      value = r_.f64();
+    } else if constexpr (IsVector<T>::value) {
+      value.resize(r_.count(min_bytes<typename T::value_type>()));
+      for (auto& item : value) visit_item(item, *this);
+    } else {
+      value = r_.fixed<std::tuple_size_v<T>>();
+    }
+  }
+  void operator()(std::string_view, std::string& s, std::size_t limit) { s = r_.str(limit); }
+  void operator()(std::string_view, Bytes& b, std::size_t limit) {
+    const auto span = r_.bytes(limit);
+    b.assign(span.begin(), span.end());
+  }
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(std::string_view name, E& e, Range range) {
+    const auto v = integer<std::underlying_type_t<E>>();
+    if (v < range.lo || v > range.hi) {
+      bad(std::string(message_) + " with unknown " + std::string(name) + " " + std::to_string(v));
+    }
+    e = E{v};
+  }
+  void finish() const { r_.finish(std::string(message_).c_str()); }
+
+ private:
+  template <class T>
+  T integer() {
+    if constexpr (sizeof(T) == 1) {
+      return r_.u8();
+    } else if constexpr (sizeof(T) == 2) {
+      return r_.u16();
+    } else if constexpr (sizeof(T) == 4) {
+      return r_.u32();
+    } else {
+      static_assert(sizeof(T) == 8);
+      return r_.u64();
+    }
+  }
+  Reader r_;
+  std::string_view message_;
+};
 
 }  // namespace
 
-Bytes encode(const Challenge& m) { return build([&](Writer& w) { w.fixed(m.server_nonce); }); }
+template <Message M>
+Bytes encode(const M& m) {
+  Bytes out;
+  Encoder e(out);
+  M::fields(m, e);
+  return out;
+}
 
-template <>
-Challenge decode<Challenge>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Challenge m;
-  m.server_nonce = r.fixed<32>();
-  r.finish("CHALLENGE");
+template <Message M>
+M decode(std::span<const std::uint8_t> payload) {
+  Decoder d(payload, type_name(M::kType));
+  M m;
+  M::fields(m, d);
+  d.finish();
+  if constexpr (requires { m.check(); }) m.check();
   return m;
 }
 
-Bytes encode(const Hello& m) {
-  return build([&](Writer& w) {
-    w.fixed(m.client_nonce);
-    w.fixed(m.proof);
-    w.str(m.client_name);
-  });
+// Checks beyond each field's own limits.
+
+void Configure::check() const {
+  if (worker_address.empty()) bad("CONFIGURE without a UCX worker address");
+  if (batch_size == 0 || batch_size > kMaxBatch) bad("CONFIGURE batch size " + std::to_string(batch_size) + " out of range");
 }
 
-template <>
-Hello decode<Hello>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Hello m;
-  m.client_nonce = r.fixed<32>();
-  m.proof = r.fixed<32>();
-  m.client_name = r.str(kMaxName);
-  r.finish("HELLO");
-  return m;
-}
-
-Bytes encode(const Welcome& m) {
-  return build([&](Writer& w) {
-    w.u32(m.threads);
-    w.u32(m.pid);
-    w.str(m.daemon_name);
-    w.str(m.host);
-    w.fixed(m.direct_nonce);
-  });
-}
-
-template <>
-Welcome decode<Welcome>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Welcome m;
-  m.threads = r.u32();
-  m.pid = r.u32();
-  m.daemon_name = r.str(kMaxName);
-  m.host = r.str(kMaxName);
-  m.direct_nonce = r.fixed<32>();
-  r.finish("WELCOME");
-  return m;
-}
-
-Bytes encode(const Configure& m) {
-  return build([&](Writer& w) {
-    w.bytes(m.worker_address);
-    w.str(m.host);
-    w.str(m.source);
-    w.str(m.transform);
-    w.bytes(m.python);
-    w.u64(m.seed);
-    w.u32(m.batch_size);
-    w.u32(m.pid);
-    w.u64(m.proof_address);
-  });
-}
-
-template <>
-Configure decode<Configure>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Configure m;
-  const auto address = r.bytes(kMaxAddress);
-  m.worker_address.assign(address.begin(), address.end());
-  m.host = r.str(kMaxName);
-  m.source = r.str(kMaxPath);
-  m.transform = r.str(kMaxSpec);
-  const auto python = r.bytes(kMaxPython);
-  m.python.assign(python.begin(), python.end());
-  m.seed = r.u64();
-  m.batch_size = r.u32();
-  m.pid = r.u32();
-  m.proof_address = r.u64();
-  r.finish("CONFIGURE");
-  if (m.worker_address.empty()) bad("CONFIGURE without a UCX worker address");
-  if (m.batch_size == 0 || m.batch_size > kMaxBatch) bad("CONFIGURE batch size " + std::to_string(m.batch_size) + " out of range");
-  return m;
-}
-
-Bytes encode(const Configured& m) {
-  return build([&](Writer& w) {
-    w.u64(m.dataset_size);
-    w.u32(m.classes);
-    w.u32(m.channels);
-    w.u32(m.height);
-    w.u32(m.width);
-    w.u8(static_cast<std::uint8_t>(m.dtype));
-    w.u64(m.sample_bytes);
-    w.u64(m.labels_offset);
-    w.u64(m.batch_bytes);
-    w.u8(m.direct ? 1 : 0);
-  });
-}
-
-template <>
-Configured decode<Configured>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Configured m;
-  m.dataset_size = r.u64();
-  m.classes = r.u32();
-  m.channels = r.u32();
-  m.height = r.u32();
-  m.width = r.u32();
-  const std::uint8_t dtype = r.u8();
-  if (dtype > 2) bad("CONFIGURED with unknown dtype " + std::to_string(dtype));
-  m.dtype = Dtype{dtype};
-  m.sample_bytes = r.u64();
-  m.labels_offset = r.u64();
-  m.batch_bytes = r.u64();
-  const std::uint8_t direct = r.u8();
-  if (direct > 1) bad("CONFIGURED with direct " + std::to_string(direct));
-  m.direct = direct == 1;
-  r.finish("CONFIGURED");
-  if (m.dtype == Dtype::kPythonBlob) {
-    if (m.direct || m.channels != 0 || m.height != 0 || m.width != 0 || m.sample_bytes != 0 || m.labels_offset != 0 ||
-        m.batch_bytes != 0) {
+void Configured::check() const {
+  if (dtype == Dtype::kPythonBlob) {
+    if (direct || channels != 0 || height != 0 || width != 0 || sample_bytes != 0 || labels_offset != 0 ||
+        batch_bytes != 0) {
       bad("CONFIGURED for the Python path with a batch layout");
     }
-    return m;
+    return;
   }
   // The client sizes buffers from these: they must describe one layout.
-  const std::uint64_t elem = m.dtype == Dtype::kUint8 ? 1 : 4;
-  if (m.channels == 0 || m.height == 0 || m.width == 0 || m.channels > 4 || m.height > 65536 || m.width > 65536 ||
-      m.sample_bytes != std::uint64_t{m.channels} * m.height * m.width * elem || m.labels_offset % 8 != 0 ||
-      m.batch_bytes < m.labels_offset || m.labels_offset / m.sample_bytes > kMaxBatch ||
-      (m.batch_bytes - m.labels_offset) / 8 > kMaxBatch) {
+  const std::uint64_t elem = dtype == Dtype::kUint8 ? 1 : 4;
+  if (channels == 0 || height == 0 || width == 0 || channels > 4 || height > 65536 || width > 65536 ||
+      sample_bytes != std::uint64_t{channels} * height * width * elem || labels_offset % 8 != 0 ||
+      batch_bytes < labels_offset || labels_offset / sample_bytes > kMaxBatch ||
+      (batch_bytes - labels_offset) / 8 > kMaxBatch) {
     bad("CONFIGURED with an inconsistent batch layout");
   }
-  return m;
 }
 
-Bytes encode(const Produce& m) {
-  return build([&](Writer& w) {
-    w.u64(m.lease);
-    w.u64(m.epoch);
-    w.u64(m.batch);
-    w.u32(static_cast<std::uint32_t>(m.indices.size()));
-    for (const std::uint64_t i : m.indices) w.u64(i);
-    w.u64(m.address);
-  });
+void Produce::check() const {
+  if (lease == 0) bad("PRODUCE with lease 0 (reserved)");
+  if (indices.empty() || indices.size() > kMaxBatch) bad("PRODUCE with " + std::to_string(indices.size()) + " indices");
 }
 
-template <>
-Produce decode<Produce>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Produce m;
-  m.lease = r.u64();
-  m.epoch = r.u64();
-  m.batch = r.u64();
-  const std::size_t n = r.count(8);
-  m.indices.resize(n);
-  for (auto& i : m.indices) i = r.u64();
-  m.address = r.u64();
-  r.finish("PRODUCE");
-  if (m.lease == 0) bad("PRODUCE with lease 0 (reserved)");
-  if (n == 0 || n > kMaxBatch) bad("PRODUCE with " + std::to_string(n) + " indices");
-  return m;
+void BatchReady::check() const {
+  if (count > kMaxBatch) bad("BATCH_READY with count " + std::to_string(count));
 }
 
-Bytes encode(const BatchReady& m) {
-  return build([&](Writer& w) {
-    w.u64(m.lease);
-    w.u64(m.batch);
-    w.u32(m.count);
-    w.u64(m.bytes);
-    w.u32(static_cast<std::uint32_t>(m.skipped.size()));
-    for (const auto& s : m.skipped) {
-      w.u64(s.index);
-      w.str(s.reason);
-    }
-  });
-}
-
-template <>
-BatchReady decode<BatchReady>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  BatchReady m;
-  m.lease = r.u64();
-  m.batch = r.u64();
-  m.count = r.u32();
-  m.bytes = r.u64();
-  m.skipped.resize(r.count(12));
-  for (auto& s : m.skipped) {
-    s.index = r.u64();
-    s.reason = r.str(kMaxText);
-  }
-  r.finish("BATCH_READY");
-  if (m.count > kMaxBatch) bad("BATCH_READY with count " + std::to_string(m.count));
-  return m;
-}
-
-Bytes encode(const ErrorMsg& m) {
-  return build([&](Writer& w) {
-    w.u64(m.lease);
-    w.u32(static_cast<std::uint32_t>(m.code));
-    w.str(m.message);
-  });
-}
-
-template <>
-ErrorMsg decode<ErrorMsg>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  ErrorMsg m;
-  m.lease = r.u64();
-  const std::uint32_t code = r.u32();
-  if (code == 0 || code > kMaxErrorCode) bad("ERROR with unknown code " + std::to_string(code));
-  m.code = ErrorCode{code};
-  m.message = r.str(kMaxText);
-  r.finish("ERROR");
-  return m;
-}
-
-Bytes encode(const Cancel& m) { return build([&](Writer& w) { w.u64(m.lease); }); }
-
-template <>
-Cancel decode<Cancel>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Cancel m;
-  m.lease = r.u64();
-  r.finish("CANCEL");
-  return m;
-}
-
-Bytes encode(const Canceled& m) { return build([&](Writer& w) { w.u64(m.lease); }); }
-
-template <>
-Canceled decode<Canceled>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Canceled m;
-  m.lease = r.u64();
-  r.finish("CANCELED");
-  return m;
-}
-
-Bytes encode(const StatsRequest&) { return {}; }
-
-template <>
-StatsRequest decode<StatsRequest>(std::span<const std::uint8_t> p) {
-  Reader(p).finish("STATS_REQUEST");
-  return {};
-}
-
-Bytes encode(const Stats& m) {
-  return build([&](Writer& w) {
-    w.u32(static_cast<std::uint32_t>(m.stages.size()));
-    for (const auto& s : m.stages) {
-      w.str(s.name);
-      w.u64(s.items);
-      w.f64(s.seconds);
-      w.u64(s.bytes);
-    }
-    w.u32(static_cast<std::uint32_t>(m.counters.size()));
-    for (const auto& [name, value] : m.counters) {
-      w.str(name);
-      w.u64(value);
-    }
-  });
-}
-
-template <>
-Stats decode<Stats>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Stats m;
-  m.stages.resize(r.count(28));
-  for (auto& s : m.stages) {
-    s.name = r.str(kMaxName);
-    s.items = r.u64();
-    s.seconds = r.f64();
-    s.bytes = r.u64();
+void Stats::check() const {
+  for (const StageStats& s : stages) {
     if (!std::isfinite(s.seconds) || s.seconds < 0) bad("STATS with a bad time for stage " + s.name);
   }
-  m.counters.resize(r.count(12));
-  for (auto& [name, value] : m.counters) {
-    name = r.str(kMaxName);
-    value = r.u64();
-  }
-  r.finish("STATS");
-  return m;
 }
 
-Bytes encode(const Ping& m) { return build([&](Writer& w) { w.u64(m.token); }); }
-Bytes encode(const Pong& m) { return build([&](Writer& w) { w.u64(m.token); }); }
+// Every message. A new one: its struct with fields() (protocol_messages.hpp),
+// its MsgType and type_name (protocol.hpp, frame.cpp), and a line here.
+#define DLOP_OFFLOAD_MESSAGES(X) \
+  X(Challenge)                   \
+  X(Hello)                       \
+  X(Welcome)                     \
+  X(Configure)                   \
+  X(Configured)                  \
+  X(Produce)                     \
+  X(BatchReady)                  \
+  X(ErrorMsg)                    \
+  X(Cancel)                      \
+  X(Canceled)                    \
+  X(StatsRequest)                \
+  X(Stats)                       \
+  X(Ping)                        \
+  X(Pong)
 
-template <>
-Ping decode<Ping>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Ping m{.token = r.u64()};
-  r.finish("PING");
-  return m;
-}
-
-template <>
-Pong decode<Pong>(std::span<const std::uint8_t> p) {
-  Reader r(p);
-  Pong m{.token = r.u64()};
-  r.finish("PONG");
-  return m;
-}
+#define DLOP_INSTANTIATE(M)               \
+  template Bytes encode<M>(const M& m); \
+  template M decode<M>(std::span<const std::uint8_t> payload);
+DLOP_OFFLOAD_MESSAGES(DLOP_INSTANTIATE)
+#undef DLOP_INSTANTIATE
 
 void decode_any(MsgType type, std::span<const std::uint8_t> payload) {
-  switch (type) {
-    case MsgType::kChallenge: decode<Challenge>(payload); return;
-    case MsgType::kHello: decode<Hello>(payload); return;
-    case MsgType::kWelcome: decode<Welcome>(payload); return;
-    case MsgType::kConfigure: decode<Configure>(payload); return;
-    case MsgType::kConfigured: decode<Configured>(payload); return;
-    case MsgType::kProduce: decode<Produce>(payload); return;
-    case MsgType::kBatchReady: decode<BatchReady>(payload); return;
-    case MsgType::kError: decode<ErrorMsg>(payload); return;
-    case MsgType::kCancel: decode<Cancel>(payload); return;
-    case MsgType::kCanceled: decode<Canceled>(payload); return;
-    case MsgType::kStatsRequest: decode<StatsRequest>(payload); return;
-    case MsgType::kStats: decode<Stats>(payload); return;
-    case MsgType::kPing: decode<Ping>(payload); return;
-    case MsgType::kPong: decode<Pong>(payload); return;
-  }
+#define DLOP_DECODE_CASE(M) \
+  case M::kType:            \
+    decode<M>(payload);     \
+    return;
+  switch (type) { DLOP_OFFLOAD_MESSAGES(DLOP_DECODE_CASE) }
+#undef DLOP_DECODE_CASE
   bad("unknown message type " + std::to_string(static_cast<unsigned>(type)));
 }
 

@@ -24,6 +24,28 @@ def _size(value: Any) -> Any:
     return seq[0] if len(seq) == 1 else seq
 
 
+def _resize_params(t: Any) -> dict:
+    if t.max_size is not None and not isinstance(t.size, int) and len(t.size) != 1:
+        raise ValueError("Resize with max_size needs an int size")
+    params = {"size": _size(t.size), "antialias": t.antialias is not False}
+    if t.max_size:
+        params["max_size"] = t.max_size
+    return params
+
+
+def _torchvision_ops(T: Any) -> list:
+    """(torchvision transform class, native op, its parameters from the transform): one line per op that
+    mirrors a torchvision transform. The native ops and their parameters are dlop._C.offload.transform_ops()."""
+    return [
+        (T.RandomResizedCrop, "random_resized_crop",
+         lambda t: {"size": _size(t.size), "scale": list(t.scale), "ratio": list(t.ratio),
+                    "antialias": t.antialias is not False}),
+        (T.Resize, "resize", _resize_params),
+        (T.CenterCrop, "center_crop", lambda t: {"size": _size(t.size)}),
+        (T.RandomHorizontalFlip, "hflip", lambda t: {"p": float(t.p)}),
+    ]
+
+
 def transform_spec(transform: Any) -> dict:
     """A torchvision transform -> a native transform spec, or ValueError naming what does not map."""
     from dlop._torchvision_compat import import_torchvision
@@ -31,23 +53,13 @@ def transform_spec(transform: Any) -> dict:
     T = import_torchvision().transforms
 
     steps = list(transform.transforms) if isinstance(transform, T.Compose) else [transform]
+    table = _torchvision_ops(T)
     ops: list[dict] = []
     output = None
     for t in steps:
-        if isinstance(t, T.RandomResizedCrop):
-            ops.append({"op": "random_resized_crop", "size": _size(t.size), "scale": list(t.scale),
-                        "ratio": list(t.ratio), "antialias": t.antialias is not False})
-        elif isinstance(t, T.Resize):
-            if t.max_size is not None and not isinstance(t.size, int) and len(t.size) != 1:
-                raise ValueError("Resize with max_size needs an int size")
-            op = {"op": "resize", "size": _size(t.size), "antialias": t.antialias is not False}
-            if t.max_size:
-                op["max_size"] = t.max_size
-            ops.append(op)
-        elif isinstance(t, T.CenterCrop):
-            ops.append({"op": "center_crop", "size": _size(t.size)})
-        elif isinstance(t, T.RandomHorizontalFlip):
-            ops.append({"op": "hflip", "p": float(t.p)})
+        native = next(((op, params) for cls, op, params in table if isinstance(t, cls)), None)
+        if native is not None:
+            ops.append({"op": native[0], **native[1](t)})
         elif isinstance(t, T.ToTensor):
             output = "float32"
         elif isinstance(t, T.PILToTensor):

@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 
-from dlop.bench import _common, linearity_report, scaling_model
+from dlop.bench import _common, linearity_report
 from dlop.bench.ddp_models import MODELS
 
 PEERS = ("gloo",)
@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--link-gbps", default="10,25,100", help="network links to predict for (Gbit/s)")
     p.add_argument("--link-latency-us", type=float, default=5.0, help="the network link's latency (one hop)")
     p.add_argument("--intra-latency-us", type=float, default=2.0, help="the intra-host link's latency (one hop)")
+    p.add_argument("--intra-gbps", type=float, help="the intra-host link in the predictions (default: as fitted)")
     p.add_argument("--ranks-per-host", type=int, default=8, help="ranks per host in the predictions")
     p.add_argument("--predict", default="16,32,64,128,256,512,1024", help="rank counts to predict")
     p.add_argument("--from-json", help="no runs: report again from this linearity.json's measurements")
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
         measured = measure(args)
     settings = linearity_report.ModelSettings(
         link_gbps=args.link_gbps, link_latency_us=args.link_latency_us, intra_latency_us=args.intra_latency_us,
-        ranks_per_host=args.ranks_per_host, predict=args.predict,
+        ranks_per_host=args.ranks_per_host, predict=args.predict, intra_gbps=args.intra_gbps,
         bucket_bytes=header.get("bucket_cap_mb", args.bucket_cap_mb) * 2**20)
     report = linearity_report.build(header, measured, settings)
     written = linearity_report.write(report, args.out)

@@ -29,6 +29,7 @@ class ModelSettings:
     ranks_per_host: int
     predict: list[int]
     bucket_bytes: float
+    intra_gbps: float | None = None  # the predictions' intra-host link; None: dlop's fitted one
 
 
 def read_measured(path: str) -> tuple[dict, list[dict]]:
@@ -124,7 +125,7 @@ def predictions(rows: list[dict], fits: dict, settings: ModelSettings) -> list[d
     """Linearity at settings.predict ranks, per model, algorithm and network link, with dlop's intra-host link."""
     if "dlop" not in fits:
         return []
-    intra = sm.Link(fits["dlop"]["intra_gbps"], settings.intra_latency_us)
+    intra = sm.Link(settings.intra_gbps or fits["dlop"]["intra_gbps"], settings.intra_latency_us)
     out = []
     for model, w in _workloads(rows, "dlop").items():
         for algorithm in sm.ALGORITHMS:
@@ -200,7 +201,9 @@ def markdown(report: dict) -> str:
                    f"{c['predicted_linearity']:.3f} | {c['error']:+.3f} | {'fit' if c['in_sample'] else 'check'} |")
     out += ["", "## Scaling model: predictions beyond this machine (not measured)", "",
             f"{settings['ranks_per_host']} ranks per host, each with cores of its own (no oversubscription); "
-            f"network link latency {settings['link_latency_us']} us; intra-host link as fitted for dlop. "
+            f"network link latency {settings['link_latency_us']} us; intra-host link "
+            + (f"{settings['intra_gbps']:g} Gbit/s (--intra-gbps). " if settings.get("intra_gbps")
+               else "as fitted for dlop (hierarchical gains only where it is faster than the network). ") +
             "Overlap assumption (DDP's): buckets of the gradient are all-reduced during backward, which is "
             f"{report['model']['backward_share']:.2f} of the 1-rank step; only what exceeds that window, and at "
             "least the last bucket's all-reduce, adds to the step. Flat ring: 2(N-1) latencies and 2(N-1)/N of "
@@ -295,14 +298,14 @@ def plot_speedup_scatter(plt, report: dict, path: str) -> None:
     rows = report["measured"]
     peer_rows = {(r["model"], r["ranks"], r["backend"]): r for r in rows}
     ranks = sorted({r["ranks"] for r in rows if r["speedup"]})
-    colours = plt.get_cmap("viridis")
+    colours = plt.get_cmap("tab10")
     markers = "os^Dv"
     fig, axis = plt.subplots(figsize=PLOT_INCHES)
     for j, peer in enumerate(peers_of(report)):
         for i, n in enumerate(ranks):
             points = [(peer_rows[(r["model"], n, peer)]["linearity"], r["speedup"][peer], r["model"])
                       for r in rows if r["ranks"] == n and peer in r["speedup"]]
-            colour = colours(i / max(len(ranks) - 1, 1))
+            colour = colours(i % 10)
             over = " (oversubscribed)" if any(r["oversubscribed"] for r in rows if r["ranks"] == n) else ""
             axis.scatter([p[0] for p in points], [p[1] for p in points], color=colour, marker=markers[j % 5], s=60,
                          label=f"N = {n}{over}, vs {peer}")

@@ -334,6 +334,8 @@ def plot_predicted(plt, report: dict, path: str) -> None:
         axis.scatter([c["ranks"] for c in checks], [c["measured_linearity"] for c in checks], color="k", zorder=3,
                      label="measured (dlop, this machine)")
         axis.set_xscale("log", base=2)
+        ticks = sorted({c["ranks"] for c in checks} | {int(n) for p in rows for n in p["linearity"]})
+        axis.set_xticks(ticks, [str(n) for n in ticks])
         axis.set(xlabel="ranks N", ylabel="linearity", ylim=(0, 1.05), title=f"{model}: predicted (model)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7)

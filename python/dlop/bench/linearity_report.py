@@ -261,6 +261,7 @@ def plot_throughput(plt, report: dict, path: str) -> None:
         _mark_oversubscribed(axis, rows)
         axis.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="samples/s", title=f"{model}: throughput")
         axis.set_xticks(ranks, [str(n) for n in ranks])
+        axis.set_xticks([], minor=True)  # no "3 x 10^0" labels between the rank counts
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()

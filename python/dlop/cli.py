@@ -5,6 +5,8 @@
     dlop run (--offloaders HOST:PORT[,...] | --discover) [--token-file F] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
     dlop offloader-stats HOST:PORT --token-file F [--json]
+    dlop report linearity --ranks 1,2,4 --out DIR [...]      (python -m dlop.bench.linearity)
+    dlop report FILE.json... [--plots DIR] [--out FILE.md]   (python -m dlop.bench.report)
 
 Each sub-command is a module with its own main (python -m dlop.data.make_dataset
 works the same); this only dispatches, so a tool's options live in one place.
@@ -21,7 +23,11 @@ COMMANDS = {
     "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
     "offloader": ("dlop.offloader_launcher", "run dlop-offloader and announce it in a training job's c10d store"),
     "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),
+    "report": ("dlop.bench.report", "benchmark JSON as tables and plots; `report linearity`: the DDP linearity report"),
 }
+
+# `dlop report NAME ...`: reports that run their own measurements; anything else goes to dlop.bench.report.
+REPORTS = {"linearity": "dlop.bench.linearity"}
 
 
 def _usage() -> str:
@@ -39,8 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] not in COMMANDS:
         print(f"dlop: unknown command '{args[0]}'\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[args[0]][0])
-    return int(module.main(args[1:]) or 0)
+    name, rest = COMMANDS[args[0]][0], args[1:]
+    if args[0] == "report" and rest and rest[0] in REPORTS:
+        name, rest = REPORTS[rest[0]], rest[1:]
+    module = importlib.import_module(name)
+    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,18 @@ def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):
     text = out.read_text()
     assert "### all_reduce" in text and "busbw dlop/gloo" in text
     assert "| transformer |" in text
+
+
+def test_report_plots_are_pngs(ddp_json, tmp_path):
+    import struct
+
+    import matplotlib.image
+
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(ddp_json))
+    _run(["-m", "dlop.bench.report", str(path), "--out", str(tmp_path / "r.md"), "--plots", str(tmp_path / "plots")])
+    raw = (tmp_path / "plots" / "ddp.png").read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR"
+    assert struct.unpack(">II", raw[16:24]) == (11 * 110, 4 * 110)  # plot_ddp: figsize (11, 4) at 110 dpi
+    pixels = matplotlib.image.imread(tmp_path / "plots" / "ddp.png")
+    assert pixels.shape[:2] == (440, 1210) and pixels.std() > 0.01

@@ -79,6 +79,7 @@ def run_header(**extra) -> dict:
     header = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": platform.node(),
+        "cpu": cpu_model(),
         "cores": cpu_count(),
         "revision": git_revision(),
         "torch": torch.__version__,
@@ -90,7 +91,28 @@ def run_header(**extra) -> dict:
 
 
 def header_comment(header: dict) -> str:
-    return f"# {header['date']} on {header['host']}, {header['cores']} cores, {header['revision']}, torch {header['torch']}"
+    return (f"# {header['date']} on {header['host']} ({header.get('cpu', 'unknown CPU')}), {header['cores']} cores, "
+            f"{header['revision']}, torch {header['torch']}")
+
+
+def progress(iterable=None, *, show: bool = True, **kwargs):
+    """A tqdm bar on stderr for a long loop; off when stderr is not a terminal (logs, CI) or `show` is false
+    (ranks other than 0, or a parent process that draws its own bar)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=None if show else True, file=sys.stderr, dynamic_ncols=True, leave=False, **kwargs)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_json(path: str, header: dict, rows: list[dict]) -> None:

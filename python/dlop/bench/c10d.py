@@ -203,10 +203,14 @@ def main(argv=None) -> int:
         print_header(header, args)
     all_rows = []
     gc.disable()  # a collection inside a timed loop would be charged to whichever implementation ran then
+    bar = _common.progress(total=sum(1 if op == "barrier" else len(sizes) for op in args.ops), desc="c10d",
+                           unit="case", show=rank == 0)
     for op in args.ops:
         if rank == 0:
             print_op_header(op)
         for size in ([0] if op == "barrier" else sizes):
+            bar.set_postfix_str(f"{op} {_common.format_size(size)}")
+            bar.update()
             case = CASES[op](size, DTYPES[args.dtype], ranks, rank, plan(size, args)[2])
             results = measure(case, groups, control, args)
             rows = {impl: make_row(case, impl, args.dtype, *results[impl]) for impl in groups}
@@ -215,6 +219,7 @@ def main(argv=None) -> int:
                 print_case_rows(rows, list(groups))
             del case
             gc.collect()
+    bar.close()
     gc.enable()
     if rank == 0:
         print("#")

@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     p.add_argument("--no-single", action="store_true", help="skip the one-process runs (no linearity)")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar on stderr (rank 0, when stderr is a terminal)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -97,8 +99,11 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
     seconds = {mode: [] for mode in order}
     cpu_seconds = {mode: [] for mode in order}
     gc.disable()
+    bar = _common.progress(total=args.repetitions * len(order), desc=f"{name} x {ranks}", unit="run",
+                           show=args.progress and rank == 0)
     for _ in range(args.repetitions):
         for mode in order:
+            bar.update()
             dist.barrier(group=control)
             if mode == SINGLE and rank != 0:
                 seconds[mode].append(0.0)  # wait at the next barrier (Gloo blocks, it does not spin)
@@ -109,6 +114,7 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
             wall, cpu = train_steps(model, optimizer, inputs, labels, args.steps)
             seconds[mode].append(wall)
             cpu_seconds[mode].append(cpu)
+    bar.close()
     gc.enable()
     dist.barrier(group=control)
     slowest = torch.tensor([seconds[mode] for mode in order], dtype=torch.float64)
@@ -181,13 +187,18 @@ def worker(args, threads: int) -> None:
     dist.destroy_process_group()
 
 
+def rank_env(rank: int, ranks: int, local_rank: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The torchrun-style variables a rank of this benchmark reads (it then runs as if under torchrun)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(ranks),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
+
+
 def _spawned(local_rank: int, args, ranks: int, port: int, threads: int) -> None:
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(ranks),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(rank_env(local_rank, ranks, local_rank, "127.0.0.1", port))
     worker(args, threads)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -203,7 +214,7 @@ def main(argv=None) -> int:
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_spawned, args=(args, ranks, _free_port(), threads), nprocs=ranks, join=True)
+        mp.spawn(_spawned, args=(args, ranks, free_port(), threads), nprocs=ranks, join=True)
     return 0
 
 

@@ -176,9 +176,10 @@ class Daemons:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids) -> dict:
+def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids, desc: str = "") -> dict:
     """Median over passes of samples/s and CPU per sample; each pass skips one warm-up batch."""
     rates, cpu_all, cpu_trainer = [], [], []
+    bar = _common.progress(total=reps * batches * batch, desc=desc or "offload", unit="image")
     for _ in range(reps):
         it = make_iter()
         next(it)  # warm-up: workers started, first batch in flight
@@ -187,6 +188,7 @@ def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids) ->
         own0, wall0, n = trainer_cpu(), time.perf_counter(), 0
         for images, _labels in it:
             n += images.shape[0]
+            bar.update(images.shape[0])
             if n >= batches * batch:
                 break
         wall = time.perf_counter() - wall0
@@ -199,6 +201,7 @@ def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids) ->
         rates.append(n / wall)
         cpu_all.append((own + helpers) / n)
         cpu_trainer.append(own / n)
+    bar.close()
     return {"samples_per_s": _common.median(rates), "cpu_s_per_sample": _common.median(cpu_all),
             "trainer_cpu_s_per_sample": _common.median(cpu_trainer)}
 
@@ -213,7 +216,8 @@ def run_dataloader(args, data: str, batches: int) -> dict:
     loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.workers > 0, prefetch_factor=2 if args.workers else None,
                         generator=torch.Generator().manual_seed(0))
-    row = timed_passes(lambda: iter(loader), args.batch, batches, args.reps, lambda: descendants(os.getpid()))
+    row = timed_passes(lambda: iter(loader), args.batch, batches, args.reps, lambda: descendants(os.getpid()),
+                       desc="dataloader")
     row["peak_rss_mib"] = max([proc_peak_mib(p) for p in descendants(os.getpid())] or [0.0])
     del loader  # persistent workers end here
     return row
@@ -242,7 +246,8 @@ def run_offloaded(args, data: str, batches: int, daemons: int, threads: int, pyt
             loader.set_epoch(next(epochs))
             return iter(loader)
 
-        row = timed_passes(one_epoch, args.batch, batches, args.reps, pool.pids)
+        row = timed_passes(one_epoch, args.batch, batches, args.reps, pool.pids,
+                           desc=f"{'python' if python_path else 'native'} x {daemons}")
         row["peak_rss_mib"] = sum(proc_peak_mib(p) for p in pool.pids())
         return row
     finally:

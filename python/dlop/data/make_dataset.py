@@ -103,12 +103,18 @@ def class_name(cls: int) -> str:
     return f"class_{cls:02d}"
 
 
-def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100, seed: int = 0) -> dict:
-    """Writes the dataset under `out` (created; existing files of the same names are replaced)."""
+def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100, seed: int = 0,
+                 progress: bool = False) -> dict:
+    """Writes the dataset under `out` (created; existing files of the same names are replaced). `progress`: a
+    bar on stderr while stderr is a terminal."""
+    from tqdm import tqdm
+
     if classes < 1 or per_class < 1:
         raise ValueError("classes and per_class must be at least 1")
     encode = _encoder()
     total = 0
+    bar = tqdm(total=classes * per_class, unit="image", desc="make-dataset", disable=None if progress else True,
+               file=sys.stderr, dynamic_ncols=True, leave=False)
     for cls in range(classes):
         folder = os.path.join(out, class_name(cls))
         os.makedirs(folder, exist_ok=True)
@@ -120,6 +126,8 @@ def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100
                 f.write(data)
             os.replace(path + ".tmp", path)
             total += len(data)
+            bar.update()
+    bar.close()
     return {"root": os.fspath(out), "classes": classes, "images": classes * per_class, "bytes": total}
 
 
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    stats = make_dataset(args.out, args.classes, args.per_class, args.seed)
+    stats = make_dataset(args.out, args.classes, args.per_class, args.seed, progress=True)
     print(
         f"{stats['images']} images in {stats['classes']} classes, {stats['bytes'] / 1e6:.1f} MB, "
         f"in {args.out} ({time.perf_counter() - start:.1f} s)"

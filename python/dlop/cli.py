@@ -2,7 +2,7 @@
 
     dlop make-dataset OUT [--classes N --per-class N --seed S]
     dlop pack ROOT OUT.dlrec
-    dlop run (--offloaders HOST:PORT[,...] | --discover) [--token-file F] -- COMMAND...
+    dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --discover] [--token-file F] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
     dlop offloader-stats HOST:PORT --token-file F [--json]
     dlop report linearity --ranks 1,2,4 --out DIR [...]      (python -m dlop.bench.linearity)

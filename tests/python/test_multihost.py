@@ -83,9 +83,9 @@ def run(hosts, placement: list[int], scenario: str, env: dict[str, str] | None =
     return results
 
 
-# The mesh logs one line per endpoint at info: "rank A -> B (same host|other host, error mode M):"
-# followed by UCX's description of its lanes.
-ENDPOINT = re.compile(r"rank (\d+) -> (\d+) \((same host|other host), error mode (\w+)\):\n((?:.*\n)*?)(?=\S*\[|\Z)")
+# The mesh logs each endpoint at info: "rank A -> B (same host|other host, error mode M):"
+# then UCX's description of it, lines starting with "#", one per lane as "lane[0]: 2:tcp/dl0.0 ...".
+ENDPOINT = re.compile(r"rank (\d+) -> (\d+) \((same host|other host), error mode (\w+)\):\n((?:#.*\n)*)")
 
 
 def endpoints(stderr: str) -> dict[tuple[int, int], tuple[str, str]]:

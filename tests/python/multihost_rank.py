@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -123,6 +124,9 @@ def loop_allreduce() -> None:
             dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001  (what the test checks)
         print("ERROR " + " ".join(str(e).split()), flush=True)
+        # Stay up a while: a survivor that left at once would be the next dead
+        # rank the others see, and their errors would name it instead.
+        time.sleep(15)
         os._exit(0)
     print("PROBLEM no error after 100000 all-reduces", flush=True)
 

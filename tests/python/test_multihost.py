@@ -28,10 +28,10 @@ DEADLINE = 120.0  # seconds for one launch of all ranks (a hang fails, it does n
 _ports = itertools.count(29500)
 
 ok, why = netns.available()
-# Not yet passing: on the shared 2-core machine, cross-namespace all-reduces of
-# 4 ranks failed with "UCX reported Endpoint timeout" on a 256 KiB send to a
-# rank of the other host (tests/transport/mesh_netns_test.cpp, plain mesh
-# traffic across the same namespaces, passes). Opt in until that is understood.
+# Opt-in for now: at load average ~24 on the shared 2-core machine the 2x2
+# all-reduces failed with "UCX reported Endpoint timeout" (at load ~8 the
+# collective and forced-algorithm tests passed); the kill test's rank script
+# was fixed after its last run (survivors left at once and were named instead).
 ENABLED = os.environ.get("DLOP_MULTIHOST_TESTS") == "1"
 pytestmark = [
     pytest.mark.skipif(not ok, reason=f"cannot make network namespaces here: {why}"),

@@ -55,7 +55,11 @@ std::string host_identity() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   std::getline(boot, boot_id);
-  return std::string(name) + "/" + boot_id;
+  // "net:[4026531840]": processes in other network namespaces of this kernel
+  // reach us only through the network, so they are other hosts.
+  char net[64] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/net", net, sizeof(net) - 1);
+  return std::string(name) + "/" + boot_id + "/" + (n > 0 ? std::string(net, static_cast<std::size_t>(n)) : "net:?");
 }
 
 }  // namespace dlop

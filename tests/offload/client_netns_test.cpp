@@ -1,14 +1,12 @@
 // A batch crossing real TCP: the daemon in one network namespace, the client
-// in another, joined by a veth pair, with UCX_TLS=tcp on both sides. Needs
-// root (ip netns); skipped with the reason otherwise.
-#include <fcntl.h>
+// in another (two hosts of tests/common/netns), with UCX_TLS=tcp on both
+// sides. Needs root (ip netns); skipped with the reason otherwise.
 #include <gtest/gtest.h>
-#include <sched.h>
-#include <sys/mount.h>
 
 #include <cstdlib>
 #include <cstring>
 
+#include "common/netns.hpp"
 #include "daemon_harness.hpp"
 #include "offload/codec.hpp"
 #include "offload/offload_client.hpp"
@@ -20,54 +18,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Two namespaces "<a>" (10.213.N.1) and "<b>" (10.213.N.2) on one veth pair;
-// removed with the object.
-class NamespacePair {
- public:
-  NamespacePair() {
-    const int n = static_cast<int>(::getpid() % 200) + 1;
-    a_ = "dlopA" + std::to_string(::getpid());
-    b_ = "dlopB" + std::to_string(::getpid());
-    server_ip_ = "10.213." + std::to_string(n) + ".1";
-    const std::string client_ip = "10.213." + std::to_string(n) + ".2";
-    const std::string va = "dva" + std::to_string(::getpid()), vb = "dvb" + std::to_string(::getpid());
-    for (const std::string& cmd : {
-             "ip netns add " + a_, "ip netns add " + b_,
-             "ip link add " + va + " type veth peer name " + vb,
-             "ip link set " + va + " netns " + a_, "ip link set " + vb + " netns " + b_,
-             "ip -n " + a_ + " addr add " + server_ip_ + "/24 dev " + va,
-             "ip -n " + b_ + " addr add " + client_ip + "/24 dev " + vb,
-             "ip -n " + a_ + " link set " + va + " up", "ip -n " + b_ + " link set " + vb + " up",
-             "ip -n " + a_ + " link set lo up", "ip -n " + b_ + " link set lo up"}) {
-      if (std::system((cmd + " 2>/dev/null").c_str()) != 0) {
-        failed_ = "'" + cmd + "' failed";
-        return;
-      }
-    }
-  }
-  ~NamespacePair() {
-    [[maybe_unused]] int rc = std::system(("ip netns del " + a_ + " 2>/dev/null").c_str());
-    rc = std::system(("ip netns del " + b_ + " 2>/dev/null").c_str());
-  }
-  const std::string& failed() const { return failed_; }
-  const std::string& a() const { return a_; }
-  const std::string& b() const { return b_; }
-  const std::string& server_ip() const { return server_ip_; }
-
- private:
-  std::string a_, b_, server_ip_, failed_;
-};
-
 // Runs in a child moved into namespace `ns`: one batch, checked bit for bit
 // against the local pipeline. Exit code 0 when equal.
 [[noreturn]] void client_in(const std::string& ns, const std::string& ip, std::uint16_t port, const std::string& folder,
                             const char* spec) {
-  const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(10);
-  // As `ip netns exec` does: UCX finds its network devices in /sys/class/net,
-  // which shows the namespace sysfs was mounted in, so mount it afresh here.
-  if (::unshare(CLONE_NEWNS) != 0 || ::mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
-      ::umount2("/sys", MNT_DETACH) != 0 || ::mount("sysfs", "/sys", "sysfs", 0, nullptr) != 0) {
+  if (const std::string error = dlop::test::enter_netns(ns); !error.empty()) {
+    std::fprintf(stderr, "%s\n", error.c_str());
     ::_exit(10);
   }
   ::setenv("UCX_TLS", "tcp", 1);
@@ -94,17 +50,17 @@ class NamespacePair {
 
 TEST(OffloadNetns, BatchCrossesRealTcpBetweenNamespaces) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (ip netns)";
-  NamespacePair ns;
-  if (!ns.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << ns.failed();
+  dlop::test::NetnsHosts hosts(2);
+  if (!hosts.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << hosts.failed();
   test::TempDir data;
   for (int i = 0; i < 6; ++i) {
     test::write_file(data.path() / ("c" + std::to_string(i % 2)) / ("i" + std::to_string(i) + ".jpg"),
                      encode_jpeg(test::make_image(60 + i, 80, static_cast<std::uint32_t>(i)), 90));
   }
   const char* spec = R"({"ops": [{"op": "random_resized_crop", "size": 48}, {"op": "hflip"}]})";
-  test::DaemonProcess d(1, {}, {"UCX_TLS=tcp"}, ns.server_ip() + ":0", {"/usr/sbin/ip", "netns", "exec", ns.a()});
+  test::DaemonProcess d(1, {}, {"UCX_TLS=tcp"}, hosts.address(0) + ":0", {"/usr/sbin/ip", "netns", "exec", hosts.name(0)});
   const pid_t pid = ::fork();
-  if (pid == 0) client_in(ns.b(), ns.server_ip(), d.port(), data.path().string(), spec);
+  if (pid == 0) client_in(hosts.name(1), hosts.address(0), d.port(), data.path().string(), spec);
   int status = 0;
   for (int i = 0; i < 600 && ::waitpid(pid, &status, WNOHANG) == 0; ++i) ::usleep(100'000);
   if (::waitpid(pid, &status, WNOHANG) == 0) {

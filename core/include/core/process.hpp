@@ -21,8 +21,11 @@ struct ProcessId {
   bool operator==(const ProcessId&) const = default;
 };
 
-// Identity of this host: DLOP_HOST_ID if set, else hostname and boot id.
-// Processes with equal identities can share memory.
+// Identity of this host: DLOP_HOST_ID if set, else hostname, boot id and
+// network namespace. Processes with equal identities use shared memory
+// between them; others talk over the network. A process in another network
+// namespace of the same kernel could still share memory, but it stands for a
+// host of its own (containers, tests of several hosts on one machine).
 std::string host_identity();
 
 }  // namespace dlop

@@ -1,7 +1,8 @@
 #include "transport/request.hpp"
 
 #include "core/error.hpp"
-#include "mesh_peer.hpp"
+#include "transport/endpoints.hpp"
+#include "transport/mesh.hpp"
 
 namespace dlop::transport {
 namespace {
@@ -12,8 +13,6 @@ const char* op_name(detail::OpKind kind) {
   switch (kind) {
     case detail::OpKind::kSend: return "send";
     case detail::OpKind::kRecv: return "recv";
-    case detail::OpKind::kAmSend: return "active message";
-    case detail::OpKind::kPut: return "put";
     case detail::OpKind::kFlush: return "flush";
   }
   return "operation";
@@ -21,7 +20,8 @@ const char* op_name(detail::OpKind kind) {
 
 }  // namespace
 
-Request::Request(Mesh* mesh, detail::OpKind kind, int peer, std::size_t bytes, ucs_status_t status) : mesh_(mesh) {
+Request::Request(Endpoints* owner, detail::OpKind kind, int peer, std::size_t bytes, ucs_status_t status)
+    : owner_(owner) {
   inline_.status = status;
   inline_.kind = kind;
   inline_.peer = peer;
@@ -29,16 +29,16 @@ Request::Request(Mesh* mesh, detail::OpKind kind, int peer, std::size_t bytes, u
   if (kind == detail::OpKind::kRecv) inline_.received = 0;
 }
 
-Request::Request(Mesh* mesh, detail::RequestSlot* slot) : mesh_(mesh), slot_(slot) {}
+Request::Request(Endpoints* owner, detail::RequestSlot* slot) : owner_(owner), slot_(slot) {}
 
-Request::Request(Request&& other) noexcept : mesh_(other.mesh_), slot_(other.slot_), inline_(other.inline_) {
+Request::Request(Request&& other) noexcept : owner_(other.owner_), slot_(other.slot_), inline_(other.inline_) {
   other.slot_ = nullptr;
 }
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     release();
-    mesh_ = other.mesh_;
+    owner_ = other.owner_;
     slot_ = other.slot_;
     inline_ = other.inline_;
     other.slot_ = nullptr;
@@ -51,16 +51,15 @@ Request::~Request() { release(); }
 void Request::release() {
   if (slot_ == nullptr) return;
   if (!slot_->ucx_done) {
-    Mesh::unlink(slot_);
+    Endpoints::unlink(slot_);
     // A receive must not land in a buffer its owner may free now.
     if (slot_->kind == detail::OpKind::kRecv) {
-      ucp_request_cancel(mesh_->worker_.get(), slot_);
+      ucp_request_cancel(owner_->worker_.get(), slot_);
     } else {
-      mesh_->sends_abandoned_ = true;
+      owner_->sends_abandoned_ = true;
     }
   }
   if (slot_->ucx_done) {
-    delete[] slot_->owned;
     detail::RequestSlot::reset(slot_);
   } else {
     slot_->orphaned = true;  // the completion callback cleans up
@@ -70,18 +69,20 @@ void Request::release() {
 }
 
 bool Request::test() {
-  if (state().status == UCS_INPROGRESS) mesh_->progress();
+  if (state().status == UCS_INPROGRESS) owner_->progress();
   const ucs_status_t status = state().status;
   if (status == UCS_INPROGRESS) return false;
   if (status != UCS_OK) throw_failure();
   return true;
 }
 
-void Request::wait() { wait(mesh_ != nullptr ? mesh_->options().timeout : std::chrono::milliseconds(0)); }
+void Request::wait() { wait(owner_ != nullptr ? owner_->options().timeout : std::chrono::milliseconds(0)); }
+
+bool Request::done() const { return state().status != UCS_INPROGRESS; }
 
 void Request::wait(std::chrono::milliseconds timeout) {
   if (test()) return;
-  const auto& options = mesh_->options();
+  const auto& options = owner_->options();
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   const auto spin_until = options.progress == ProgressMode::kSpin    ? Clock::time_point::max()
@@ -93,34 +94,34 @@ void Request::wait(std::chrono::milliseconds timeout) {
     const auto now = Clock::now();
     if (now >= deadline) {
       const auto& s = state();
-      const auto& failure = s.peer >= 0 ? mesh_->peer_failure(s.peer) : std::nullopt;
+      const auto& failure = s.peer >= 0 ? owner_->failure(s.peer) : std::nullopt;
       throw_error(Errc::kTimeout,
                   fmt::format("{} of {} B {} {} timed out after {} ms{}", op_name(s.kind), s.bytes,
-                              s.kind == detail::OpKind::kRecv ? "from" : "to", mesh_->describe(s.peer),
+                              s.kind == detail::OpKind::kRecv ? "from" : "to", owner_->describe(s.peer),
                               timeout.count(), failure ? "; peer dead: " + *failure : "; peer alive"));
     }
     if (now >= spin_until) {
-      mesh_->wait_for_events(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+      owner_->wait_for_events(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
     }
   }
 }
 
 void Request::cancel() {
-  if (slot_ != nullptr && slot_->status == UCS_INPROGRESS) ucp_request_cancel(mesh_->worker_.get(), slot_);
+  if (slot_ != nullptr && slot_->status == UCS_INPROGRESS) ucp_request_cancel(owner_->worker_.get(), slot_);
 }
 
 std::size_t Request::received_bytes() const { return state().received; }
 
 int Request::source() const {
   const auto& s = state();
-  return s.peer >= 0 ? s.peer : static_cast<int>(s.sender_tag >> kRankShift);
+  return s.peer >= 0 ? s.peer : static_cast<int>(s.sender_tag >> kUserTagBits);
 }
 
 void Request::throw_failure() const {
   const auto& s = state();
   const std::string what = fmt::format("{} of {} B {} {}", op_name(s.kind), s.bytes,
-                                       s.kind == detail::OpKind::kRecv ? "from" : "to", mesh_->describe(s.peer));
-  const auto* failure = s.peer >= 0 && mesh_->peer_failure(s.peer) ? &*mesh_->peer_failure(s.peer) : nullptr;
+                                       s.kind == detail::OpKind::kRecv ? "from" : "to", owner_->describe(s.peer));
+  const auto* failure = s.peer >= 0 && owner_->failure(s.peer) ? &*owner_->failure(s.peer) : nullptr;
   if (s.peer_failed || failure != nullptr) {
     throw_error(Errc::kPeerDead, fmt::format("{} failed: the peer died ({})", what,
                                              failure != nullptr ? *failure : ucs_status_string(s.status)));

@@ -4,9 +4,11 @@
 // slow daemon held, and yielding every batch exactly once, in order, from a
 // bounded pool of buffers.
 //
-// Driven by one thread (the consumer's): next() does the leasing and the
-// polling, so there is no background thread to race with the caller's
-// add_daemon(), restore() or release().
+// Driven by one thread (the consumer's): next() does the leasing and reads
+// the daemons' answers, so nothing races with the caller's add_daemon(),
+// restore() or release(). Only the UCX transfers move in the background: a
+// progress thread, owned here and joined on destruction, lets a batch land
+// in its buffer while the consumer computes.
 #pragma once
 
 #include <chrono>

@@ -10,7 +10,9 @@
 // promise that a buffer is never written after its lease completed, failed,
 // was canceled or was lost with the daemon.
 //
-// Driven by one thread at a time. Errors are dlop::Error: kPeerDead when the
+// Driven by one thread at a time; with Options::progress, a background
+// thread progresses the UCX receives meanwhile, so a batch lands while the
+// caller computes (it still reads the answer on the socket). Errors are dlop::Error: kPeerDead when the
 // daemon dies or cannot be reached, kProtocol when it answers nonsense,
 // kInvalidArgument for a refused token or configuration, kTimeout for a
 // blocking call that got no answer in time.
@@ -23,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -34,6 +37,8 @@
 #include "offload/protocol_messages.hpp"
 
 namespace dlop::transport {
+class Endpoints;
+class ProgressThread;
 class UcxWorker;
 }
 
@@ -80,6 +85,11 @@ class OffloadClient {
     // unique across all the clients sharing it, as they are the UCX tags.
     // Make a shared one with make_worker().
     std::shared_ptr<transport::UcxWorker> worker;
+    // A thread that progresses the worker in the background (then its
+    // worker is used, and `worker` is ignored): batches over UCX land without
+    // the caller calling in. null: UCX moves only inside this client's calls.
+    // Make one over make_worker(); share it between the clients of one process.
+    std::shared_ptr<transport::ProgressThread> progress;
     // A daemon on this host may write native batches straight into their
     // buffers (process_vm_writev, after this process proved its pid), with
     // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
@@ -137,6 +147,10 @@ class OffloadClient {
   void ping();
 
   std::size_t in_flight() const { return leases_.size(); }
+  // Whether the lease's batch has landed in its buffer over UCX: looks only,
+  // progresses nothing and reads no socket (its completion still needs the
+  // daemon's answer, read by poll/wait). For tests and diagnostics.
+  bool landed(std::uint64_t lease) const;
   // After kPeerDead: the leases that were open, to be reissued elsewhere.
   const std::vector<std::uint64_t>& lost_leases() const { return lost_; }
   const protocol::Welcome& daemon() const { return welcome_; }
@@ -161,6 +175,8 @@ class OffloadClient {
   // buffers (it closed the connection or died); then closes the socket.
   void close_direct();
   bool progress_worker();
+  // Held around every UCX call when a progress thread shares the worker.
+  std::unique_lock<std::recursive_mutex> lock_worker() const;
   // Configured for direct writes: no lease of this client uses UCX.
   bool direct() const { return layout_ && layout_->direct; }
   // The daemon ran on this host and its process no longer exists.
@@ -174,6 +190,7 @@ class OffloadClient {
   protocol::FrameDecoder decoder_;
   protocol::Welcome welcome_;
   std::optional<BatchLayout> layout_;
+  std::unique_ptr<transport::Endpoints> endpoints_;  // before leases_, whose receives it holds
   protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
   std::deque<Completion> ready_;

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +13,8 @@
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "socket.hpp"
-#include "transport/ucx_worker.hpp"
+#include "transport/endpoints.hpp"
+#include "transport/progress_thread.hpp"
 
 namespace dlop::offload {
 
@@ -29,24 +29,33 @@ struct OffloadClient::Socket {
 struct OffloadClient::Lease {
   std::uint64_t id = 0;
   std::uint64_t batch = 0;
-  void* request = nullptr;  // the UCX receive while UCX holds it
-  bool received = false;    // UCX finished the receive (data, cancellation or error)
-  ucs_status_t recv_status = UCS_INPROGRESS;
-  std::size_t recv_bytes = 0;
+  std::optional<transport::Request> recv;  // the posted UCX receive
+  bool settled = false;     // no data will come (a direct lease's answer, a Python lease's failure)
+  std::size_t direct_bytes = 0;
   std::uint32_t asked = 0;  // indices in the PRODUCE
   bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
 
-  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
-    auto* lease = static_cast<Lease*>(user);
-    lease->recv_status = status;
-    if (status == UCS_OK && info != nullptr) lease->recv_bytes = info->length;
-    lease->received = true;
-    lease->request = nullptr;
-    ucp_request_free(request);
-  }
+  // UCX still holds the buffer.
+  bool receiving() const { return recv && !recv->done(); }
+  // The data are in, or none will come (the receive finished either way).
+  bool received() const { return settled || (recv && recv->done()); }
 };
+
+namespace {
+
+// nullopt if the (finished) request succeeded, else why not.
+std::optional<std::string> failure_of(transport::Request& request) {
+  try {
+    request.test();
+    return std::nullopt;
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
   transport::UcxWorker::Options o;
@@ -62,24 +71,36 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
       token_(std::move(token)),
       options_(std::move(options)),
       socket_(std::make_unique<Socket>()) {
+  if (options_.progress) options_.worker = options_.progress->worker_ptr();
   if (!options_.worker) options_.worker = make_worker();
+  // No endpoints: the client only posts receives; the daemon connects to it.
+  endpoints_ = std::make_unique<transport::Endpoints>(*options_.worker, transport::Endpoints::Options{});
+  endpoints_->set_any_name("dlop-offloader at " + address_);
   socket_->fd = net::connect_tcp(host, port, options_.timeout);
   handshake();
 }
 
 OffloadClient::~OffloadClient() {
   close_direct();
+  auto lock = lock_worker();
   try {
     release_receives();
   } catch (const std::exception& e) {
     log().warn("offload client {}: {}", address_, e.what());
   }
+  leases_.clear();
+  endpoints_.reset();
+}
+
+std::unique_lock<std::recursive_mutex> OffloadClient::lock_worker() const {
+  return options_.progress ? options_.progress->lock() : std::unique_lock<std::recursive_mutex>();
 }
 
 void OffloadClient::fail(Errc code, const std::string& why) {
   if (!failure_) {
     close_direct();
     for (const auto& [id, lease] : leases_) lost_.push_back(id);
+    auto lock = lock_worker();
     release_receives();
     leases_.clear();
     try {
@@ -124,22 +145,24 @@ void OffloadClient::close_direct() {
 }
 
 bool OffloadClient::progress_worker() {
+  auto lock = lock_worker();
   bool any = false;
-  while (options_.worker->progress()) any = true;
+  while (endpoints_->progress()) any = true;
   return any;
 }
 
 // Cancels every posted receive and progresses until UCX let go of the
 // buffers, so that none is written once the caller gets it back.
 void OffloadClient::release_receives() {
+  auto lock = lock_worker();
   for (const auto& [id, lease] : leases_) {
-    if (lease->request != nullptr) ucp_request_cancel(options_.worker->get(), lease->request);
+    if (lease->receiving()) lease->recv->cancel();
   }
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   // A receive UCX holds (a Python lease before its BATCH_READY has none).
   const auto pending = [this] {
     for (const auto& [id, lease] : leases_) {
-      if (lease->request != nullptr) return true;
+      if (lease->receiving()) return true;
     }
     return false;
   };
@@ -152,7 +175,7 @@ void OffloadClient::release_receives() {
       // UCX may still hold these requests: leak their state rather than free it.
       if (!gone) log().error("offload client {}: UCX did not release a canceled receive within 5 s", address_);
       for (auto& [id, lease] : leases_) {
-        if (lease->request != nullptr) (void)lease.release();
+        if (lease->receiving()) (void)lease.release();
       }
       std::erase_if(leases_, [](const auto& kv) { return kv.second == nullptr; });
       break;
@@ -194,12 +217,16 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
   if (direct()) {
     // Nothing of this client's goes through UCX: the socket says it all.
     n = ::poll(fds, 1, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
+  } else if (options_.progress) {
+    // The progress thread owns the worker's event fd and says when it did something.
+    fds[1].fd = options_.progress->activity_fd();
+    n = ::poll(fds, 2, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
   } else {
     const bool armed = timeout.count() > 0 && !progress_worker() && options_.worker->arm();
     n = ::poll(fds, armed ? 2 : 1, armed ? static_cast<int>(timeout.count()) : 0);
   }
   if (n < 0 && errno != EINTR) fail(Errc::kSystem, std::string("poll: ") + std::strerror(errno));
-  if (!direct()) progress_worker();
+  if (!direct() && !options_.progress) progress_worker();
   if (n <= 0 || fds[0].revents == 0) return frames;
   std::uint8_t buf[64 * 1024];
   while (true) {
@@ -279,7 +306,10 @@ const BatchLayout& OffloadClient::layout() const {
 const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   if (layout_) throw_error(Errc::kInvalidArgument, "offload client " + address_ + ": already configured");
   protocol::Configure m;
-  const transport::Bytes address = options_.worker->address();
+  const transport::Bytes address = [this] {
+    auto lock = lock_worker();
+    return options_.worker->address();
+  }();
   m.worker_address.assign(address.begin(), address.end());
   m.host = host_identity();
   m.source = config.source;
@@ -360,13 +390,12 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
 }
 
 void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) {
-  ucp_request_param_t params{};
-  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  params.cb.recv = &Lease::on_recv;
-  params.user_data = &lease;
-  const ucs_status_ptr_t r = ucp_tag_recv_nbx(options_.worker->get(), buffer, bytes, lease.id, ~ucp_tag_t{0}, &params);
-  if (UCS_PTR_IS_ERR(r)) transport::check_ucs(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx");
-  lease.request = r;
+  auto lock = lock_worker();
+  // Tag = lease id, all bits: each lease's batch finds its own buffer.
+  lease.recv = endpoints_->recv(-1, buffer, bytes, lease.id, ~std::uint64_t{0});
+  if (lease.recv->done()) {
+    if (const auto why = failure_of(*lease.recv)) throw_error(Errc::kTransport, "posting a UCX receive: " + *why);
+  }
 }
 
 void OffloadClient::cancel(std::uint64_t lease) {
@@ -392,14 +421,13 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
   lease.answer = frame;
   if (lease.direct) {
     // Written (BATCH_READY) or never to be (CANCELED, ERROR): the buffer is ours.
-    lease.received = true;
-    lease.recv_status = UCS_OK;
-    if (frame.type == MsgType::kBatchReady) lease.recv_bytes = protocol::decode<protocol::BatchReady>(frame.payload).bytes;
+    lease.settled = true;
+    if (frame.type == MsgType::kBatchReady) lease.direct_bytes = protocol::decode<protocol::BatchReady>(frame.payload).bytes;
     return;
   }
   if (lease.buffer_for && !late_error) {
     if (frame.type != MsgType::kBatchReady) {
-      lease.received = true;  // nothing was posted, nothing will come
+      lease.settled = true;  // nothing was posted, nothing will come
       return;
     }
     const auto ready = protocol::decode<protocol::BatchReady>(frame.payload);
@@ -411,16 +439,16 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
     return;
   }
   // No data will come for a failed or canceled lease: take the buffer back.
-  if (frame.type != MsgType::kBatchReady && lease.request != nullptr) {
-    ucp_request_cancel(options_.worker->get(), lease.request);
-  }
+  auto lock = lock_worker();
+  if (frame.type != MsgType::kBatchReady && lease.receiving()) lease.recv->cancel();
 }
 
 // Moves leases whose answer and receive are both in to the ready list.
 void OffloadClient::collect() {
+  auto lock = lock_worker();
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = *it->second;
-    if (!lease.answer || !lease.received) {
+    if (!lease.answer || !lease.received()) {
       ++it;
       continue;
     }
@@ -430,10 +458,12 @@ void OffloadClient::collect() {
     if (lease.answer->type == MsgType::kBatchReady) {
       auto ready = protocol::decode<protocol::BatchReady>(lease.answer->payload);
       const bool python = layout_->dtype == protocol::Dtype::kPythonBlob;
-      if (lease.recv_status != UCS_OK || ready.bytes != lease.recv_bytes || ready.count > lease.asked ||
+      const std::optional<std::string> failed = lease.recv ? failure_of(*lease.recv) : std::nullopt;
+      const std::size_t arrived = lease.recv ? lease.recv->received_bytes() : lease.direct_bytes;
+      if (failed || ready.bytes != arrived || ready.count > lease.asked ||
           (!python && ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8)) {
-        fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + ": " + std::to_string(lease.recv_bytes) +
-                                  " bytes arrived (" + ucs_status_string(lease.recv_status) + "), BATCH_READY says " +
+        fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + ": " + std::to_string(arrived) +
+                                  " bytes arrived (" + failed.value_or("complete") + "), BATCH_READY says " +
                                   std::to_string(ready.bytes));
       }
       c.batch = ready.batch;
@@ -456,8 +486,15 @@ void OffloadClient::collect() {
 std::vector<int> OffloadClient::wake_fds() {
   if (failure_ || !ready_.empty()) return {};
   if (direct()) return {socket_->fd.get()};
+  if (options_.progress) return {socket_->fd.get(), options_.progress->activity_fd()};
   if (progress_worker() || !options_.worker->arm()) return {};
   return {socket_->fd.get(), options_.worker->event_fd()};
+}
+
+bool OffloadClient::landed(std::uint64_t lease) const {
+  auto lock = lock_worker();
+  const auto it = leases_.find(lease);
+  return it != leases_.end() && it->second->recv && it->second->recv->done();
 }
 
 std::optional<Completion> OffloadClient::poll() { return wait(std::chrono::milliseconds(0)); }
@@ -465,6 +502,11 @@ std::optional<Completion> OffloadClient::poll() { return wait(std::chrono::milli
 std::optional<Completion> OffloadClient::wait(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (true) {
+    // Before looking, so that what lands after the look wakes the poll in
+    // pump(). Not in poll(): a caller polling several clients that share the
+    // thread drains once itself (LeaseManager), or one client's drain would
+    // swallow another's wake-up.
+    if (options_.progress && timeout.count() > 0) options_.progress->drain_activity();
     collect();
     if (!ready_.empty()) {
       Completion c = std::move(ready_.front());

@@ -109,7 +109,7 @@ class Server {
   void on_results();
   // Writes a finished batch straight into its direct client and answers.
   void write_direct(Conn& c, JobResult& r, std::uint64_t address);
-  void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,
+  void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, const std::optional<std::string>& error,
                bool announced);
   std::shared_ptr<const Source> open_source_cached(const std::string& path);
 

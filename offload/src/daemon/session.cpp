@@ -242,11 +242,11 @@ void Server::on_results() {
     ++sends_in_flight_;
     sender_->send(c->endpoint, data, r.bytes, r.job.lease,
                  [this, staging, conn = c->id, lease = r.job.lease, ready = std::move(r.ready),
-                  start = Clock::now(), announce](ucs_status_t status) mutable {
+                  start = Clock::now(), announce](const std::optional<std::string>& error) mutable {
                    --sends_in_flight_;
-                   if (status == UCS_OK) stats_.send.add(1, Clock::now() - start, ready.bytes);
+                   if (!error) stats_.send.add(1, Clock::now() - start, ready.bytes);
                    if (executor_) executor_->release(std::move(*staging));
-                   on_sent(conn, lease, std::move(ready), status, announce);
+                   on_sent(conn, lease, std::move(ready), error, announce);
                  });
   }
 }
@@ -272,7 +272,8 @@ void Server::write_direct(Conn& c, JobResult& r, std::uint64_t address) {
   reply(c, protocol::ErrorMsg{r.job.lease, ErrorCode::kInternal, why});
 }
 
-void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, ucs_status_t status,
+void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready,
+                     const std::optional<std::string>& error,
                      bool announced) {
   const auto ci = conns_.find(conn);
   if (ci == conns_.end() || ci->second->closed) return;
@@ -281,10 +282,10 @@ void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchRea
   if (li == c.leases.end()) return;
   const bool canceled = li->second.canceled;
   c.leases.erase(li);
-  if (status != UCS_OK) {
+  if (error) {
     stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
-    return reply(c, protocol::ErrorMsg{lease, ErrorCode::kInternal,
-                                       std::string("sending the batch over UCX failed: ") + ucs_status_string(status)});
+    const std::string why = "sending the batch over UCX failed: " + *error;
+    return reply(c, protocol::ErrorMsg{lease, ErrorCode::kInternal, why.substr(0, protocol::kMaxText)});
   }
   stats_.batches_ready.fetch_add(canceled ? 0 : 1, std::memory_order_relaxed);
   if (announced) return;  // BATCH_READY went before the data; a cancel came too late to matter

@@ -1,28 +1,28 @@
 // The daemon's side of the data plane: one UCX worker, one endpoint per
 // configured client (made from the worker address the client sent), and
 // tagged sends of finished batches into the buffers the clients posted.
-// Driven by the daemon's event-loop thread only.
+// A thin layer over transport::Endpoints, which settles error modes, error
+// callbacks and bounded closing; this adds the wire-up check and runs a
+// callback per finished send. Driven by the daemon's event-loop thread only.
 #pragma once
-
-#include <ucp/api/ucp.h>
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "offload/protocol.hpp"
-#include "transport/ucx_worker.hpp"
+#include "transport/endpoints.hpp"
 
 namespace dlop::offload::daemon {
 
 class UcxSender {
  public:
-  using EndpointId = std::uint64_t;
-  // Runs from progress(): status UCS_OK, or why the send failed.
-  using Done = std::function<void(ucs_status_t status)>;
+  using EndpointId = std::uint64_t;  // 0 is none
+  // Runs from progress(): nullopt when the send completed, else why it failed.
+  using Done = std::function<void(const std::optional<std::string>& error)>;
 
   UcxSender();
   // Force-closes every endpoint; sends still pending fail (their callbacks run).
@@ -30,9 +30,9 @@ class UcxSender {
   UcxSender(const UcxSender&) = delete;
   UcxSender& operator=(const UcxSender&) = delete;
 
-  // An endpoint to a client's worker, in peer error mode: the client may be
-  // on another host, and its death must fail our sends rather than hang them.
-  // Throws dlop::Error(kTransport) when UCX refuses the address.
+  // An endpoint to a client's worker; returns once the connection is up (see
+  // ucx_sender.cpp). Throws dlop::Error(kTransport) when UCX refuses the
+  // address or the client does not answer.
   EndpointId connect(const protocol::Bytes& worker_address, const std::string& peer, bool same_host);
   // Force-closes the endpoint: its pending sends complete with an error.
   void disconnect(EndpointId id);
@@ -44,34 +44,20 @@ class UcxSender {
 
   // Progresses UCX and runs completions; true if anything happened.
   bool progress();
-  int event_fd() const { return worker_.event_fd(); }
-  bool arm() { return worker_.arm(); }
+  int event_fd() const { return worker_->event_fd(); }
+  bool arm() { return worker_->arm(); }
 
  private:
-  struct Endpoint {
-    EndpointId id = 0;
-    std::string peer;
-    ucp_ep_h ep = nullptr;
-    std::string failure;  // set by UCX's error callback
-  };
-  struct SendOp {
+  struct Pending {
+    transport::Request request;
     Done done;
-    ucs_status_t status = UCS_INPROGRESS;
   };
 
-  static void on_send(void* request, ucs_status_t status, void* user_data);
-  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  void wire_up(Endpoint& e);
-  void close_ep(ucp_ep_h ep);
-
-  EndpointId next_id_ = 1;
-  std::map<EndpointId, std::unique_ptr<Endpoint>> endpoints_;
-  Endpoint* connecting_ = nullptr;  // in wire_up, not yet in endpoints_
-  std::vector<std::unique_ptr<SendOp>> finished_;  // completed, callbacks not yet run
-  std::vector<void*> closing_;                     // ep close requests in flight
-  // Last, so destroyed first: UCX may call on_ep_error while the worker goes,
-  // and that looks at endpoints_.
-  transport::UcxWorker worker_;
+  std::vector<Pending> pending_;
+  std::unique_ptr<transport::Endpoints> endpoints_;
+  // Last, so destroyed first (after endpoints_->close_all()): UCX may call an
+  // endpoint's error callback while the worker goes, and that looks at endpoints_.
+  std::unique_ptr<transport::UcxWorker> worker_;
 };
 
 }  // namespace dlop::offload::daemon

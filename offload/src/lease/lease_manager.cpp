@@ -16,6 +16,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "transport/progress_thread.hpp"
 
 namespace dlop::offload {
 namespace {
@@ -52,6 +53,11 @@ struct LeaseManager::Impl {
   LeaseOptions opt;
   std::optional<BatchLayout> layout;
   EpochPlan plan;
+  // One worker for every daemon's client, progressed by this thread, so a
+  // batch over UCX lands while the consumer is away from next() (lease ids
+  // are unique across the clients, as a shared worker needs). Made with the
+  // first daemon; outlives the clients.
+  std::shared_ptr<transport::ProgressThread> progress;
   std::vector<Daemon> daemons;
   struct Slot {
     std::byte* data = nullptr;
@@ -279,6 +285,8 @@ struct LeaseManager::Impl {
   // of the busy daemons has something (one poll over all of them: a short
   // timeout per daemon would wake the trainer many times per batch).
   void pump() {
+    // Before looking at any client: what lands after the look wakes the poll below.
+    if (progress) progress->drain_activity();
     bool got = false;
     std::vector<std::size_t> busy;
     for (std::size_t i = 0; i < daemons.size(); ++i) {
@@ -325,6 +333,8 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   OffloadClient::Options co;
   co.name = "dlop rank " + std::to_string(m.opt.rank);
   co.timeout = m.opt.connect_timeout;
+  if (!m.progress) m.progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker(), "dlop-lease-ucx");
+  co.progress = m.progress;
   auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
   const BatchLayout& got = client->configure(m.opt.config);
   if (m.layout) {

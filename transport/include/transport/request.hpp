@@ -9,7 +9,7 @@
 
 namespace dlop::transport {
 
-class Mesh;
+class Endpoints;
 
 class Request {
  public:
@@ -21,31 +21,35 @@ class Request {
   // Releasing a pending request abandons it: UCX finishes or drops it later.
   ~Request();
 
-  // Progresses the mesh once. True when complete; throws dlop::Error if failed.
+  // Progresses the endpoints' worker once. True when complete; throws
+  // dlop::Error if failed.
   bool test();
+  // Whether it finished (either way), without progressing anything.
+  bool done() const;
   // Progresses until complete; throws kTimeout (naming the operation and peer),
   // kPeerDead, kCanceled or kTransport.
   void wait(std::chrono::milliseconds timeout);
-  void wait();  // with the mesh's default timeout
+  void wait();  // with the endpoints' default timeout
   // Asks UCX to cancel a pending receive; wait() then throws kCanceled.
   void cancel();
 
-  // For receives: the length that arrived and the rank that sent it.
+  // For receives: the length that arrived and the peer that sent it (for a
+  // receive from any peer, the rank in a Mesh tag's top bits).
   std::size_t received_bytes() const;
   int source() const;
 
  private:
-  friend class Mesh;
+  friend class Endpoints;
   // A request that completed at once, or failed before posting.
-  Request(Mesh* mesh, detail::OpKind kind, int peer, std::size_t bytes, ucs_status_t status);
+  Request(Endpoints* owner, detail::OpKind kind, int peer, std::size_t bytes, ucs_status_t status);
   // A pending UCX request: slot lives inside it.
-  Request(Mesh* mesh, detail::RequestSlot* slot);
+  Request(Endpoints* owner, detail::RequestSlot* slot);
 
   const detail::RequestSlot& state() const { return slot_ != nullptr ? *slot_ : inline_; }
   void release();
   [[noreturn]] void throw_failure() const;
 
-  Mesh* mesh_ = nullptr;
+  Endpoints* owner_ = nullptr;
   detail::RequestSlot* slot_ = nullptr;
   detail::RequestSlot inline_{.status = UCS_OK};
 };

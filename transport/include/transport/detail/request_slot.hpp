@@ -13,10 +13,10 @@
 
 namespace dlop::transport::detail {
 
-enum class OpKind : std::uint8_t { kSend, kRecv, kAmSend, kPut, kFlush };
+enum class OpKind : std::uint8_t { kSend, kRecv, kFlush };
 
 struct RequestSlot {
-  // Links in the mesh's list of pending requests; unlinked on completion.
+  // Links in the Endpoints' list of pending requests; unlinked on completion.
   RequestSlot* prev = nullptr;
   RequestSlot* next = nullptr;
   ucs_status_t status = UCS_INPROGRESS;  // dlop's view: UCX's result, or a dead peer
@@ -29,7 +29,6 @@ struct RequestSlot {
   std::size_t bytes = 0;     // requested length
   std::size_t received = 0;  // receives: actual length
   ucp_tag_t sender_tag = 0;  // receives: the tag that matched
-  unsigned char* owned = nullptr;  // memory UCX reads until completion (new[]), or null
 
   static void reset(void* request) { *static_cast<RequestSlot*>(request) = RequestSlot{}; }
 };

@@ -1,0 +1,80 @@
+#include "transport/progress_thread.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dlop::transport {
+namespace {
+
+int make_eventfd() {
+  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) throw_error(Errc::kSystem, std::string("eventfd: ") + std::strerror(errno));
+  return fd;
+}
+
+void signal(int fd) {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof(one));  // EAGAIN: already signaled
+}
+
+}  // namespace
+
+ProgressThread::ProgressThread(std::shared_ptr<UcxWorker> worker, const std::string& name)
+    : worker_(std::move(worker)) {
+  if (!worker_) throw_error(Errc::kInvalidArgument, "ProgressThread needs a worker");
+  stop_fd_ = make_eventfd();
+  try {
+    activity_fd_ = make_eventfd();
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    ::close(stop_fd_);
+    if (activity_fd_ >= 0) ::close(activity_fd_);
+    throw;
+  }
+  ::pthread_setname_np(thread_.native_handle(), name.substr(0, 15).c_str());
+}
+
+ProgressThread::~ProgressThread() {
+  stopping_.store(true, std::memory_order_relaxed);
+  signal(stop_fd_);
+  thread_.join();
+  ::close(stop_fd_);
+  ::close(activity_fd_);
+}
+
+void ProgressThread::drain_activity() {
+  std::uint64_t count = 0;
+  [[maybe_unused]] const ssize_t n = ::read(activity_fd_, &count, sizeof(count));
+}
+
+void ProgressThread::run() {
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    bool any = false;
+    bool armed = false;
+    try {
+      std::lock_guard guard(mutex_);
+      while (worker_->progress()) any = true;
+      armed = worker_->arm();
+    } catch (const std::exception& e) {
+      log().error("UCX progress thread: {}", e.what());
+    }
+    if (any) {
+      active_passes_.fetch_add(1, std::memory_order_relaxed);
+      signal(activity_fd_);
+    }
+    if (!armed && worker_->can_sleep()) continue;  // events came meanwhile: progress them
+    // Bounded: without wake-up support this is the polling interval.
+    pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {worker_->event_fd(), POLLIN, 0}};
+    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() ? 1000 : 1);
+  }
+}
+
+}  // namespace dlop::transport

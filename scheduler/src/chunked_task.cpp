@@ -20,15 +20,21 @@ ChunkRange chunk_range(std::size_t count, std::size_t chunks, std::size_t index)
 ChunkedTask::ChunkedTask(std::size_t chunks, MakeChunk make, ChunkDone done)
     : chunks_(chunks), make_(std::move(make)), done_(std::move(done)) {}
 
+void ChunkedTask::make(std::size_t index) {
+  chunks_[index] = make_(index);
+  if (index == 0) chunks_poll_memory_ = chunks_[0]->polls_memory();
+  made_ = index + 1;
+}
+
 void ChunkedTask::make_all() {
-  for (; made_ < chunks_.size(); ++made_) chunks_[made_] = make_(made_);
+  while (made_ < chunks_.size()) make(made_);
 }
 
 bool ChunkedTask::progress() {
   while (next_ < chunks_.size()) {
     if (!running_) {
       if (!allow_next_) return false;
-      if (made_ == next_) chunks_[made_++] = make_(next_);
+      if (made_ == next_) make(next_);
       running_ = true;
       if (done_) chunk_start_ = Clock::now();
     }

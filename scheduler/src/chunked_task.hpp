@@ -22,6 +22,10 @@
 //    no progress (a chunked one shows each chunk it finishes): it may be one
 //    a peer has not submitted yet because it waits for this chunked op to
 //    finish first. After the limit the chunked op stops yielding to it.
+//    (Holding is skipped where the urgent op may itself wait on the held
+//    one on this rank: chunks on the host arena, which later arena ops
+//    queue behind, and DLOP_DEBUG=detail, which makes tasks in sequence
+//    order.)
 //    Every running op is thus progressed again within a bounded time, and
 //    each op finishes once all its members progress it.
 #pragma once
@@ -60,8 +64,13 @@ class ChunkedTask final : public coll::Task {
   // True when no chunk is running: the last one finished (or none began).
   bool between_chunks() const { return !running_ && next_ < chunks_.size(); }
   std::size_t chunks_done() const { return next_; }
+  // Whether its chunks wait on shared-memory flags (the host arena), known
+  // once the first chunk is made. Such chunks run in creation order behind
+  // one another and every later arena op: holding one only stalls those.
+  bool chunks_poll_memory() const { return chunks_poll_memory_; }
   // Makes every chunk not made yet, in order.
   void make_all();
+  void make(std::size_t index);
 
   bool progress() override;
   std::vector<int> waiting_for() const override;
@@ -75,6 +84,7 @@ class ChunkedTask final : public coll::Task {
   std::size_t next_ = 0;  // the running chunk, or the next to begin
   bool running_ = false;
   bool allow_next_ = true;
+  bool chunks_poll_memory_ = false;
   Clock::time_point chunk_start_;
 };
 

@@ -333,9 +333,13 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
       continue;
     }
     try {
-      if (op->chunks > 1) {
+      // Not held: with signature checks (a later op's task is made only
+      // after this one's chunks are) or on the host arena (later arena ops
+      // run behind its chunks anyway): holding would only stall both.
+      if (op->chunks > 1 && !check_signatures_) {
         auto& chunked = static_cast<ChunkedTask&>(*op->task);
-        chunked.allow_next(!chunked.between_chunks() || may_begin_chunk(*op, in_flight_, now));
+        chunked.allow_next(!chunked.between_chunks() || chunked.chunks_poll_memory() ||
+                           may_begin_chunk(*op, in_flight_, now));
       }
       if (op->task->progress()) {
         if (op->p2p && !op->p2p_send) {

@@ -96,7 +96,9 @@ TEST(Communicator, TraceWritesOneChromeTraceFilePerRank) {
       const std::int64_t start = c["ts"], end = start + c["dur"].get<std::int64_t>();
       EXPECT_LE(op_start, start);
       EXPECT_LE(end, op_end + 1);
-      if (i > 0) EXPECT_LE(chunks[i - 1]["ts"].get<std::int64_t>() + chunks[i - 1]["dur"].get<std::int64_t>(), start + 1);
+      if (i > 0) {
+        EXPECT_LE(chunks[i - 1]["ts"].get<std::int64_t>() + chunks[i - 1]["dur"].get<std::int64_t>(), start + 1);
+      }
     }
     EXPECT_EQ(bytes, static_cast<std::int64_t>(kLarge * 4));
     // Submission order: the large all-reduce began before the data one.

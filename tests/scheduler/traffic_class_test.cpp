@@ -43,7 +43,7 @@ void check_allreduce(Communicator& comm, DataType dtype, ReduceOp op, std::size_
   std::vector<T> send(count), recv(count, T(99));
   for (std::size_t i = 0; i < count; ++i) send[i] = input<T>(comm.rank(), i);
   T* out = in_place ? send.data() : recv.data();
-  comm.allreduce(send.data(), out, count, dtype, op).wait();
+  comm.allreduce(send.data(), out, count, dtype, op, {.traffic = TrafficClass::kBackground}).wait();
   for (std::size_t i = 0; i < count; ++i) {
     ASSERT_EQ(out[i], expected<T>(op, comm.size(), i))
         << "element " << i << " of " << count << (in_place ? " in place" : "") << ", op " << coll::op_name(op);
@@ -71,7 +71,9 @@ TEST(Communicator, ChunkedAllreduceAveragesAndChecksSignaturesPerChunk) {
     auto comm = Communicator::create(b, {.check_signatures = true, .traffic_classes = true, .chunk_bytes = kChunkBytes});
     std::vector<float> data(10'001);
     for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 100) + 2.0f * comm->rank();
-    comm->allreduce(data.data(), data.data(), data.size(), DataType::kFloat32, ReduceOp::kAvg).wait();
+    comm->allreduce(data.data(), data.data(), data.size(), DataType::kFloat32, ReduceOp::kAvg,
+                    {.traffic = TrafficClass::kData, .deadline_step = 1})
+        .wait();
     for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], static_cast<float>(i % 100) + 1.0f) << i;
   });
 }

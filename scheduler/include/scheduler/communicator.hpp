@@ -7,8 +7,9 @@
 // step waits on it), data (offloaded batches, due at a step) or background.
 // With DLOP_TRAFFIC_CLASSES on (the default), the engine progresses running
 // operations by class, then (data) by deadline step, then in submission
-// order; an all-reduce above DLOP_CHUNK_BYTES runs as a sequence of chunks
-// and waits between chunks while a more urgent collective is in flight
+// order; a data or background all-reduce above DLOP_CHUNK_BYTES runs as a
+// sequence of chunks and waits between chunks while a more urgent collective
+// is in flight
 // (scheduler/src/chunked_task.hpp says why this cannot deadlock). Operations
 // still *start* in submission order on every rank.
 //

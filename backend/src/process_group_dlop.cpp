@@ -67,6 +67,11 @@ sched::OpOptions ProcessGroupDlop::op_options(std::chrono::milliseconds timeout)
   TORCH_CHECK(comm_ != nullptr, "dlop: the process group has been shut down");
   sched::OpOptions options;
   options.timeout = timeout.count() > 0 ? timeout : timeout_;
+  // DDP's reducer (and its default comm hook) all-reduce gradient buckets
+  // through allreduce() with nothing that tells them apart from other calls
+  // (c10d's AllreduceOptions carries no tag): every collective of a process
+  // group is gradient traffic, the class the training step waits on.
+  options.traffic = sched::TrafficClass::kGradient;
   return options;
 }
 

@@ -49,6 +49,17 @@ Config Config::from_env() {
     }
     c.debug_detail = std::string_view(v) == "detail";
   }
+  if (const char* v = env("DLOP_TRAFFIC_CLASSES")) {
+    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+      throw_error(Errc::kInvalidArgument, fmt::format("DLOP_TRAFFIC_CLASSES='{}' is not 0 or 1", v));
+    }
+    c.traffic_classes = std::string_view(v) == "1";
+  }
+  if (const char* v = env("DLOP_CHUNK_BYTES")) {
+    c.chunk_bytes = static_cast<std::size_t>(parse_count("DLOP_CHUNK_BYTES", v));
+    if (c.chunk_bytes == 0) throw_error(Errc::kInvalidArgument, "DLOP_CHUNK_BYTES must be at least 1");
+  }
+  if (const char* v = env("DLOP_TRACE")) c.trace_dir = v;
   if (c.watchdog.count() == 0) {
     throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
   }

@@ -51,7 +51,9 @@ void validate(const CollArgs& args, int size) {
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(transport::Bootstrap& bootstrap, Options options) {
-  auto engine = std::make_shared<Engine>(bootstrap, options.check_signatures);
+  auto engine = std::make_shared<Engine>(
+      bootstrap, options.check_signatures,
+      Engine::Scheduling{.traffic_classes = options.traffic_classes, .chunk_bytes = options.chunk_bytes});
   std::vector<int> members(static_cast<std::size_t>(bootstrap.size()));
   std::iota(members.begin(), members.end(), 0);
   const auto timeout = options.timeout.count() > 0 ? options.timeout : config().timeout;
@@ -91,6 +93,8 @@ Handle Communicator::enqueue(CollArgs args, const OpOptions& options, bool p2p, 
   op->peer = peer;
   op->tag = tag;
   op->caller_waits = options.caller_waits;
+  op->traffic = options.traffic;
+  op->deadline_step = options.deadline_step;
   op->timeout = options.timeout.value_or(timeout_);
   op->deadline = coarse_now() + op->timeout;
   Handle handle(op);
@@ -260,5 +264,16 @@ void Communicator::attach_host_arena(const ArenaIds& ids) {
 }
 
 void Communicator::abort(const std::string& reason) { engine_->abort(state_, reason); }
+
+DataCredits& Communicator::data_credits() { return engine_->data_credits(); }
+
+std::string_view traffic_class_name(TrafficClass traffic) {
+  switch (traffic) {
+    case TrafficClass::kGradient: return "gradient";
+    case TrafficClass::kData: return "data";
+    case TrafficClass::kBackground: return "background";
+  }
+  return "unknown";
+}
 
 }  // namespace dlop::sched

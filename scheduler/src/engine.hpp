@@ -2,6 +2,11 @@
 // worker and mesh, starts operations in submission order, progresses every
 // running one, enforces their timeouts and completes their handles.
 //
+// With traffic classes on, running_ is kept in order of urgency (class, then
+// a data op's deadline step, then start order): each pass progresses the
+// most urgent first, and a chunked op (chunked_task.hpp) waits between
+// chunks while a more urgent collective is in flight.
+//
 // Progress is driven by whoever holds the engine lock: the progress thread
 // ("dlop-progress"), or a caller spinning in Handle::wait. The thread sleeps
 // when nothing runs (no core burned while idle).
@@ -16,6 +21,7 @@
 
 #include "collectives/registry.hpp"
 #include "op_state.hpp"
+#include "scheduler/data_credits.hpp"
 #include "transport/bootstrap.hpp"
 #include "transport/mesh.hpp"
 
@@ -23,7 +29,11 @@ namespace dlop::sched {
 
 class Engine {
  public:
-  Engine(transport::Bootstrap& bootstrap, bool check_signatures);
+  struct Scheduling {
+    bool traffic_classes = true;
+    std::size_t chunk_bytes = 8u << 20;
+  };
+  Engine(transport::Bootstrap& bootstrap, bool check_signatures, Scheduling scheduling);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -37,6 +47,7 @@ class Engine {
   // One progress pass on the calling thread if no one else is progressing.
   void try_progress();
   void wake_progress_thread();
+  DataCredits& data_credits() { return data_credits_; }
 
   // Communicator ids: each process hands out ids in increasing order.
   int next_comm_id() const { return next_comm_id_; }
@@ -53,17 +64,28 @@ class Engine {
   // op is still running.
   bool progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished);
   void start(const std::shared_ptr<detail::OpState>& op);
+  std::unique_ptr<coll::Task> make_task(const std::shared_ptr<detail::OpState>& op, const coll::Algorithm& algorithm);
+  // Inserts a started op into running_ at its place in the progress order.
+  void add_running(std::shared_ptr<detail::OpState> op);
+  // Whether a chunked op may begin its next chunk, given the collectives of
+  // this pass still in flight ahead of it (more urgent or earlier).
+  bool may_begin_chunk(detail::OpState& op, const std::vector<detail::OpState*>& in_flight,
+                       std::chrono::steady_clock::time_point now);
   const coll::Algorithm& select(detail::OpState& op);
   // Mesh ranks the running op waits for: pending requests and its task's own.
   std::vector<int> awaited(const detail::OpState& op) const;
   void fail(detail::OpState& op, std::exception_ptr error);
-  static void finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished);
+  void finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished);
 
   transport::Bootstrap* bootstrap_;
   std::unique_ptr<transport::UcxWorker> worker_;
   std::unique_ptr<transport::Mesh> mesh_;
   coll::AlgorithmOverrides overrides_;
   bool check_signatures_;
+  Scheduling scheduling_;
+  DataCredits data_credits_;
+  std::uint64_t started_ops_ = 0;  // engine lock
+  std::vector<detail::OpState*> in_flight_;  // engine lock: scratch of progress_locked
   std::atomic<int> next_comm_id_{1};
 
   std::mutex engine_mutex_;  // the worker, the mesh, running_

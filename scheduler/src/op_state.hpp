@@ -18,6 +18,7 @@
 #include "collectives/group.hpp"
 #include "collectives/registry.hpp"
 #include "collectives/task.hpp"
+#include "scheduler/communicator.hpp"
 
 namespace dlop::sched {
 
@@ -95,11 +96,24 @@ struct OpState {
   std::uint32_t tag = 0;    // p2p
   std::uint64_t seq = 0;    // collectives
   bool caller_waits = false;
+  TrafficClass traffic = TrafficClass::kGradient;
+  std::uint64_t deadline_step = 0;  // kData
+  std::size_t chunks = 1;           // collectives: chunk i runs as sequence number seq + i
   std::chrono::milliseconds timeout{0};
   std::chrono::steady_clock::time_point deadline;
 
   // Engine-side, under the engine lock.
   std::unique_ptr<coll::Task> task;
+  std::uint64_t order = 0;               // when it started, among this engine's ops
+  bool counts_as_gradient = false;       // counted in DataCredits while running
+  // Holding between chunks (engine.cpp, Engine::may_begin_chunk).
+  std::uint64_t held_for = 0;            // order of the urgent op held for (0: none)
+  std::size_t held_mark = 0;             // chunks the held-for op had finished then
+  std::chrono::steady_clock::time_point held_since;
+  std::uint64_t yielded_up_to = 0;       // no longer held for ops of this order or below
+  // DLOP_TRACE only.
+  std::chrono::steady_clock::time_point started_at;
+  std::string_view algorithm;
 
   // Result.
   std::atomic<int> status{kRunning};

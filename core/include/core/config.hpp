@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 
 namespace dlop {
@@ -18,6 +19,9 @@ struct Config {
   std::string host_id;                            // DLOP_HOST_ID (empty: hostname + boot id)
   std::string algo;                               // DLOP_ALGO, e.g. "allreduce:ring,broadcast:binomial"
   bool debug_detail = false;                      // DLOP_DEBUG=detail: cross-check every op's signature
+  bool traffic_classes = true;                    // DLOP_TRAFFIC_CLASSES=0: plain submission order, no chunking
+  std::size_t chunk_bytes = 8u << 20;             // DLOP_CHUNK_BYTES: all-reduces above this run in chunks
+  std::string trace_dir;                          // DLOP_TRACE: write a Chrome trace per process here
 
   // Reads the environment; throws dlop::Error naming the variable on a bad value.
   static Config from_env();

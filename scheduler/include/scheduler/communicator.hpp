@@ -3,6 +3,16 @@
 // (a progress thread, or the caller's thread while it waits) in submission
 // order, with several in flight at once, each in its own tag space.
 //
+// Traffic classes: each operation is gradient (the default: the training
+// step waits on it), data (offloaded batches, due at a step) or background.
+// With DLOP_TRAFFIC_CLASSES on (the default), the engine progresses running
+// operations by class, then (data) by deadline step, then in submission
+// order; a data or background all-reduce above DLOP_CHUNK_BYTES runs as a
+// sequence of chunks and waits between chunks while a more urgent collective
+// is in flight
+// (scheduler/src/chunked_task.hpp says why this cannot deadlock). Operations
+// still *start* in submission order on every rank.
+//
 // Every rank must submit the same collectives in the same order with matching
 // arguments (DLOP_DEBUG=detail cross-checks a signature of each one).
 // Buffers must stay valid until the handle completes. Conventions for counts
@@ -14,10 +24,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "collectives/coll_args.hpp"
 #include "core/config.hpp"
+#include "scheduler/data_credits.hpp"
 #include "scheduler/handle.hpp"
 #include "transport/bootstrap.hpp"
 
@@ -26,11 +38,16 @@ namespace dlop::sched {
 class Engine;
 struct CommState;
 
+enum class TrafficClass : std::uint8_t { kGradient, kData, kBackground };  // most urgent first
+std::string_view traffic_class_name(TrafficClass traffic);                 // "gradient", "data", "background"
+
 struct OpOptions {
   std::optional<std::chrono::milliseconds> timeout;  // default: the communicator's
   // The caller will wait on the handle at once: let it drive progress itself
   // instead of waking the progress thread (lower latency for blocking calls).
   bool caller_waits = false;
+  TrafficClass traffic = TrafficClass::kGradient;
+  std::uint64_t deadline_step = 0;  // kData: the training step that consumes the result (earlier goes first)
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -38,6 +55,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   struct Options {
     std::chrono::milliseconds timeout = std::chrono::milliseconds(0);  // 0: DLOP_TIMEOUT_MS
     bool check_signatures = config().debug_detail;                     // DLOP_DEBUG=detail
+    bool traffic_classes = config().traffic_classes;                   // DLOP_TRAFFIC_CLASSES
+    std::size_t chunk_bytes = config().chunk_bytes;                    // DLOP_CHUNK_BYTES
   };
 
   // Collective over the bootstrap's group: starts an engine for them and
@@ -91,6 +110,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // (its rank: my index in `ranks`): unlike split, the other ranks take no
   // part. The new communicator shares this one's engine.
   std::shared_ptr<Communicator> subgroup(const std::vector<int>& ranks, transport::Bootstrap& members);
+
+  // Credit for data traffic moved outside the engine, paced against this
+  // engine's gradient collectives (shared by the communicators of one engine).
+  DataCredits& data_credits();
 
   // Fails every pending operation and refuses new ones (kCanceled).
   void abort(const std::string& reason);

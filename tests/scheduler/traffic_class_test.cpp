@@ -1,0 +1,212 @@
+// Traffic classes in the engine: chunked all-reduces stay exact at every
+// chunk boundary, more urgent collectives overtake a chunked one between its
+// chunks, holding a chunked op never deadlocks, and data credits. Named
+// Communicator.* so that `make test-tsan-engine` runs them under TSan.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <thread>
+
+#include "common/multiprocess.hpp"
+#include "scheduler/communicator.hpp"
+#include "scheduler/data_credits.hpp"
+
+namespace dlop::sched {
+namespace {
+
+using namespace std::chrono_literals;
+using coll::DataType;
+using coll::ReduceOp;
+
+constexpr std::size_t kChunkBytes = 4096;
+
+// Rank r's element i: small integers, exact in every dtype tested.
+template <typename T>
+T input(int rank, std::size_t i) {
+  return static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 23) - 11);
+}
+
+template <typename T>
+T expected(ReduceOp op, int n, std::size_t i) {
+  T out = input<T>(0, i);
+  for (int r = 1; r < n; ++r) {
+    const T x = input<T>(r, i);
+    out = op == ReduceOp::kMax ? std::max(out, x) : static_cast<T>(out + x);
+  }
+  return out;
+}
+
+template <typename T>
+void check_allreduce(Communicator& comm, DataType dtype, ReduceOp op, std::size_t count, bool in_place) {
+  std::vector<T> send(count), recv(count, T(99));
+  for (std::size_t i = 0; i < count; ++i) send[i] = input<T>(comm.rank(), i);
+  T* out = in_place ? send.data() : recv.data();
+  comm.allreduce(send.data(), out, count, dtype, op, {.traffic = TrafficClass::kBackground}).wait();
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(out[i], expected<T>(op, comm.size(), i))
+        << "element " << i << " of " << count << (in_place ? " in place" : "") << ", op " << coll::op_name(op);
+  }
+}
+
+TEST(Communicator, ChunkedAllreduceIsExactAtEveryChunkBoundary) {
+  for (const int n : {2, 3}) {
+    test::run_ranks(n, [](transport::Bootstrap& b) {
+      auto comm = Communicator::create(b, {.traffic_classes = true, .chunk_bytes = kChunkBytes});
+      // int32: 1024 elements per chunk; float64: 512.
+      for (const std::size_t count : {0, 1, 7, 1024, 1025, 3 * 1024 + 1, 50'001}) {
+        for (const bool in_place : {false, true}) {
+          check_allreduce<std::int32_t>(*comm, DataType::kInt32, ReduceOp::kSum, count, in_place);
+          check_allreduce<double>(*comm, DataType::kFloat64, ReduceOp::kMax, count, in_place);
+        }
+        check_allreduce<std::int8_t>(*comm, DataType::kInt8, ReduceOp::kMax, count * 4 + 3, false);
+      }
+    });
+  }
+}
+
+TEST(Communicator, ChunkedAllreduceAveragesAndChecksSignaturesPerChunk) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b, {.check_signatures = true, .traffic_classes = true, .chunk_bytes = kChunkBytes});
+    std::vector<float> data(10'001);
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 100) + 2.0f * comm->rank();
+    comm->allreduce(data.data(), data.data(), data.size(), DataType::kFloat32, ReduceOp::kAvg,
+                    {.traffic = TrafficClass::kData, .deadline_step = 1})
+        .wait();
+    for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], static_cast<float>(i % 100) + 1.0f) << i;
+  });
+}
+
+// A background all-reduce of 128 chunks, then 24 gradient all-reduces, all in
+// flight at once: the background op waits between chunks while any gradient
+// one runs, so it is still not done when the last gradient one is.
+TEST(Communicator, GradientAllreducesOvertakeAChunkedBackgroundOne) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b, {.traffic_classes = true, .chunk_bytes = 64u << 10});
+    std::vector<std::int32_t> large(2u << 20, comm->rank() + 1);
+    Handle bulk = comm->allreduce(large.data(), large.data(), large.size(), DataType::kInt32, ReduceOp::kSum,
+                                  {.traffic = TrafficClass::kBackground});
+    std::vector<std::vector<std::int32_t>> grads(24, std::vector<std::int32_t>(4096, comm->rank() + 1));
+    std::vector<Handle> handles;
+    for (auto& g : grads) handles.push_back(comm->allreduce(g.data(), g.data(), g.size(), DataType::kInt32, ReduceOp::kSum));
+    for (auto& h : handles) h.wait();
+    EXPECT_FALSE(bulk.test()) << "the background all-reduce finished before the gradient ones it should yield to";
+    bulk.wait();
+    for (auto& g : grads) ASSERT_EQ(g, std::vector<std::int32_t>(4096, 3));
+    ASSERT_EQ(large, std::vector<std::int32_t>(large.size(), 3));
+  });
+}
+
+// Data ops go by deadline: one due at step 2 overtakes one due at step 9
+// that was submitted (and started) before it.
+TEST(Communicator, EarlierDeadlineDataAllreduceOvertakesALaterOne) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b, {.traffic_classes = true, .chunk_bytes = 64u << 10});
+    std::vector<std::int32_t> later(2u << 20, 1), sooner(256u << 10, 2);
+    Handle late = comm->allreduce(later.data(), later.data(), later.size(), DataType::kInt32, ReduceOp::kSum,
+                                  {.traffic = TrafficClass::kData, .deadline_step = 9});
+    Handle soon = comm->allreduce(sooner.data(), sooner.data(), sooner.size(), DataType::kInt32, ReduceOp::kSum,
+                                  {.traffic = TrafficClass::kData, .deadline_step = 2});
+    soon.wait();
+    EXPECT_FALSE(late.test()) << "the batch due at step 9 finished before the one due at step 2";
+    late.wait();
+    ASSERT_EQ(sooner, std::vector<std::int32_t>(sooner.size(), 4));
+    ASSERT_EQ(later, std::vector<std::int32_t>(later.size(), 2));
+  });
+}
+
+// Rank 1 waits for the background op before it submits the gradient one;
+// rank 0 submits both at once and so holds the background op for a gradient
+// op rank 1 cannot reach yet. The hold is bounded: both finish.
+TEST(Communicator, HoldingForAnOpAPeerHasNotSubmittedDoesNotDeadlock) {
+  for (const int n : {2, 3}) {
+    test::run_ranks(n, [](transport::Bootstrap& b) {
+      auto comm = Communicator::create(b, {.timeout = 60s, .traffic_classes = true, .chunk_bytes = 16u << 10});
+      std::vector<std::int64_t> bulk(64u << 10, 1);  // 512 KiB: 32 chunks
+      std::int64_t grad = 1;
+      Handle background = comm->allreduce(bulk.data(), bulk.data(), bulk.size(), DataType::kInt64, ReduceOp::kSum,
+                                          {.traffic = TrafficClass::kBackground});
+      if (comm->rank() == 0) {
+        Handle gradient = comm->allreduce(&grad, &grad, 1, DataType::kInt64, ReduceOp::kSum);
+        background.wait();
+        gradient.wait();
+      } else {
+        background.wait();
+        comm->allreduce(&grad, &grad, 1, DataType::kInt64, ReduceOp::kSum).wait();
+      }
+      EXPECT_EQ(grad, comm->size());
+      ASSERT_EQ(bulk, std::vector<std::int64_t>(bulk.size(), comm->size()));
+    });
+  }
+}
+
+// DLOP_TRAFFIC_CLASSES=0: no chunking (the trace test checks that no chunk is
+// recorded) and progress in submission order; results stay exact.
+TEST(Communicator, TrafficClassesOffGivesExactResultsUnchunked) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b, {.traffic_classes = false, .chunk_bytes = kChunkBytes});
+    std::vector<std::int32_t> large(300'001, 1);
+    std::int32_t small = 5;
+    Handle bulk = comm->allreduce(large.data(), large.data(), large.size(), DataType::kInt32, ReduceOp::kSum,
+                                  {.traffic = TrafficClass::kBackground});
+    Handle grad = comm->allreduce(&small, &small, 1, DataType::kInt32, ReduceOp::kSum);
+    grad.wait();
+    bulk.wait();
+    EXPECT_EQ(small, 10);
+    ASSERT_EQ(large, std::vector<std::int32_t>(large.size(), 2));
+  });
+}
+
+TEST(Communicator, DataCreditsAreFreeWithoutGradientsAndPacedWithThem) {
+  using Clock = DataCredits::Clock;
+  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms});
+  const auto t0 = Clock::now();
+  EXPECT_EQ(credits.acquire(1u << 30, 10, t0), 1u << 30);  // no gradient: everything
+  credits.gradient_started();
+  credits.gradient_started();
+  EXPECT_TRUE(credits.gradient_in_flight());
+  EXPECT_EQ(credits.acquire(600, 10, t0), 600u);
+  EXPECT_EQ(credits.acquire(600, 10, t0), 400u);  // the rest of this interval's budget
+  EXPECT_EQ(credits.acquire(600, 10, t0 + 500us), 0u);
+  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 1000u);  // a new interval
+  credits.set_step(8);
+  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 0u);
+  credits.set_step(9);
+  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 5000u);  // due next step: escalated
+  EXPECT_EQ(credits.acquire(5000, 3, t0 + 1ms), 5000u);   // overdue
+  credits.gradient_finished();
+  EXPECT_TRUE(credits.gradient_in_flight());
+  credits.gradient_finished();
+  EXPECT_EQ(credits.acquire(5000, 100, t0 + 1ms), 5000u);
+}
+
+// The engine counts its gradient collectives in flight for the credits.
+TEST(Communicator, EngineReportsGradientTrafficToDataCredits) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    DataCredits& credits = comm->data_credits();
+    EXPECT_FALSE(credits.gradient_in_flight());
+    std::int32_t x = 1;
+    if (comm->rank() == 0) {
+      Handle h = comm->allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum);
+      // Rank 1 submits only after the store says so: it is surely in flight here.
+      for (int i = 0; i < 1000 && !credits.gradient_in_flight(); ++i) std::this_thread::sleep_for(1ms);
+      EXPECT_TRUE(credits.gradient_in_flight());
+      b.set("submitted", {});
+      h.wait();
+    } else {
+      b.get("submitted", 30s);
+      comm->allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum).wait();
+    }
+    for (int i = 0; i < 1000 && credits.gradient_in_flight(); ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_FALSE(credits.gradient_in_flight());
+    std::int32_t y = 1;
+    comm->allreduce(&y, &y, 1, DataType::kInt32, ReduceOp::kSum, {.traffic = TrafficClass::kData}).wait();
+    EXPECT_FALSE(credits.gradient_in_flight());
+    EXPECT_EQ(x, 2);
+  });
+}
+
+}  // namespace
+}  // namespace dlop::sched

@@ -91,7 +91,8 @@ bool UcxSender::progress() {
   // post new sends or close endpoints).
   std::vector<Pending> ready;
   std::erase_if(pending_, [&](Pending& p) {
-    if (!p.request.done()) return false;
+    // The buffer goes back to the executor with `done`: only once UCX let go.
+    if (!p.request.done() || !p.request.released_by_ucx()) return false;
     ready.push_back(std::move(p));
     return true;
   });

@@ -26,6 +26,9 @@ class Request {
   bool test();
   // Whether it finished (either way), without progressing anything.
   bool done() const;
+  // Whether UCX has let go of the buffer: a request failed early by a dead
+  // or closed peer may still be held by UCX until the close purges it.
+  bool released_by_ucx() const { return slot_ == nullptr || slot_->ucx_done; }
   // Progresses until complete; throws kTimeout (naming the operation and peer),
   // kPeerDead, kCanceled or kTransport.
   void wait(std::chrono::milliseconds timeout);

@@ -56,7 +56,11 @@ def test_algorithm_logged_once_per_operation_and_size_class():
         assert [(lo, hi) for lo, hi, _, _ in allreduces] == [(2048, 4095), (4096, 8191), (8192, 16383)], lines
         for lo, hi, algorithm, why in allreduces:
             assert algorithm != "shm", lines
-            assert why.startswith("tuning table; declined: shm (forced by DLOP_ALGO), shm"), lines
+            # The forced one first, then the table's one-host algorithms that declined
+            # (inline only up to 4 KiB), in table order.
+            forced, *table = why.removeprefix("tuning table; declined: ").split(", ")
+            assert forced == "shm (forced by DLOP_ALGO)", lines
+            assert table == (["inline", "shm"] if lo < 4096 else ["shm"]), lines
         assert allreduces[0][2] == "recursive_doubling", lines  # the table's choice up to 16 KiB
         broadcasts = [(a, why) for (_, op, lo, hi), (a, why) in by_key.items() if op == "broadcast"]
         assert broadcasts == [("binomial", "tuning table")], lines

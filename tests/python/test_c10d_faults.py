@@ -241,7 +241,8 @@ def rank_bad_arguments(ctx) -> list[str]:
         "all_reduce two tensors": (lambda: pg.allreduce([f(), f()], AllreduceOptions()).wait(), ["one tensor"]),
         "all_reduce bitwise op on float": (lambda: dist.all_reduce(f(), op=dist.ReduceOp.BAND), ["band", "float"]),
         "all_reduce dtype without a reduction": (lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint16)), ["uint16"]),
-        "all_reduce sparse tensor": (lambda: dist.all_reduce(torch.ones(4).to_sparse()), ["sparse"]),
+        "all_reduce sparse max": (lambda: dist.all_reduce(torch.ones(4).to_sparse(), op=dist.ReduceOp.MAX),
+                                  ["sparse", "summed"]),
         "allgather option list mismatch": (
             lambda: pg.allgather([[f() for _ in range(world)], [f() for _ in range(world)]], [f()], AllgatherOptions()).wait(),
             ["output list"],

@@ -71,9 +71,12 @@ void ProgressThread::run() {
       signal(activity_fd_);
     }
     if (!armed && worker_->can_sleep()) continue;  // events came meanwhile: progress them
-    // Bounded: without wake-up support this is the polling interval.
+    // Bounded: an operation another thread posts on an armed worker (a receive,
+    // an endpoint's wire-up) does not signal the event fd, yet may need
+    // progress to move; 10 ms bounds that wait. Without wake-up support this is
+    // the polling interval.
     pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {worker_->event_fd(), POLLIN, 0}};
-    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() ? 1000 : 1);
+    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() ? 10 : 1);
   }
 }
 

@@ -226,7 +226,10 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
     n = ::poll(fds, armed ? 2 : 1, armed ? static_cast<int>(timeout.count()) : 0);
   }
   if (n < 0 && errno != EINTR) fail(Errc::kSystem, std::string("poll: ") + std::strerror(errno));
-  if (!direct() && !options_.progress) progress_worker();
+  // With a progress thread too: the answer the caller waits for (CONFIGURED
+  // after the daemon flushed its endpoint to us) may need this worker's
+  // progress, and progressing here costs nothing when there is none to do.
+  if (!direct()) progress_worker();
   if (n <= 0 || fds[0].revents == 0) return frames;
   std::uint8_t buf[64 * 1024];
   while (true) {

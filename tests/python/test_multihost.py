@@ -91,20 +91,22 @@ def run(hosts, placement: list[int], scenario: str, env: dict[str, str] | None =
     return results
 
 
-# The mesh logs each endpoint at info: "rank A -> B (same host|other host, error mode M):"
-# then UCX's description of it, lines starting with "#", one per lane as "lane[0]: 2:tcp/dl0.0 ...".
-ENDPOINT = re.compile(r"rank (\d+) -> (\d+) \((same host|other host), error mode (\w+)\):\n((?:#.*\n)*)")
+# transport's Endpoints log each endpoint at info: "endpoint to rank B (pid P on HOST)
+# (same host|other host, error mode M):" then UCX's description of it, lines starting
+# with "#", one per lane as "lane[0]: 2:tcp/dl0.0 ...".
+ENDPOINT = re.compile(r"endpoint to rank (\d+) \(pid \d+ on [^()\n]*\) \((same host|other host), "
+                      r"error mode (\w+)\):\n((?:#.*\n)*)")
 
 
-def endpoints(stderr: str) -> dict[tuple[int, int], tuple[str, str]]:
-    """(rank, peer) -> (where, UCX lanes) from a rank's info log."""
-    return {(int(m[1]), int(m[2])): (m[3], m[5]) for m in ENDPOINT.finditer(stderr)}
+def endpoints(rank: int, stderr: str) -> dict[tuple[int, int], tuple[str, str]]:
+    """(rank, peer) -> (where, UCX lanes) from that rank's info log."""
+    return {(rank, int(m[1])): (m[2], m[4]) for m in ENDPOINT.finditer(stderr)}
 
 
 def check_topology(results, placement: list[int]) -> None:
     """Ranks of one namespace share memory; ranks of two talk over tcp and nothing else."""
     for rank, (_, _, err) in enumerate(results):
-        found = endpoints(err)
+        found = endpoints(rank, err)
         for peer, host in enumerate(placement):
             if peer == rank:
                 continue

@@ -22,6 +22,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 
 from dlop.bench import _common, linearity_report
 from dlop.bench.ddp_models import MODELS
@@ -112,17 +113,27 @@ def run_on_hosts(args, hosts, ranks: int, json_path: str, log) -> None:
     port = free_port()
     procs = []
     try:
+        from dlop.bench import netns
+
         for r in range(ranks):
-            env = dict(os.environ, **rank_env(r, ranks, r // args.hosts, hosts.addrs[0], port))
+            # Gloo binds to the address the hostname resolves to (loopback) unless told the host's device.
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=netns.DEVICE,
+                       **rank_env(r, ranks, r // args.hosts, hosts.addrs[0], port))
             procs.append(hosts.popen(r % args.hosts, ddp_argv(args, json_path), env=env, stdout=log,
                                      stderr=subprocess.STDOUT))
-        codes = [p.wait(timeout=RUN_TIMEOUT_S) for p in procs]
+        # One failed rank leaves the others waiting on it: stop at the first failure.
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        codes = [p.poll() for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    if any(codes):
+    if any(c != 0 for c in codes):  # None: still running at the deadline, then killed
         raise RuntimeError(f"dlop.bench.ddp with {ranks} ranks on {args.hosts} hosts failed (exits {codes}); "
                            f"see {log.name}")
 

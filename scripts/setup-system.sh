@@ -19,6 +19,8 @@ PACKAGES=(
   # dlop-offloader: libcrypto (HMAC-SHA256); clang and its runtimes (libFuzzer,
   # ASan; only recommended by clang, so not pulled in) for the protocol's fuzzer.
   libssl-dev clang libclang-rt-14-dev
+  # ip and tc: the tests' hosts as network namespaces joined by veth and a bridge.
+  iproute2
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -94,12 +94,6 @@ class InlineAllreduce final : public Task {
   StallWatch watch_;
 };
 
-// count 0: nothing to exchange, and no sequence number taken (on any rank).
-class EmptyTask final : public Task {
- public:
-  bool progress() override { return true; }
-};
-
 }  // namespace
 
 void register_inline_allreduce(std::vector<Algorithm>& out) {
@@ -115,7 +109,7 @@ void register_inline_allreduce(std::vector<Algorithm>& out) {
                      throw_error(Errc::kInvalidArgument, fmt::format("{}: {} B do not fit in a box of {} B", kName,
                                                                      args.bytes(), InlineBox::kMaxBytes));
                    }
-                   if (args.count == 0) return std::make_unique<EmptyTask>();
+                   if (args.count == 0) return std::make_unique<EmptyArenaTask>();
                    return std::make_unique<InlineAllreduce>(args, group, *group.host_arena());
                  }});
 }

@@ -216,12 +216,6 @@ class ShmAllreduce final : public Task {
   StallWatch watch_;
 };
 
-// count 0: nothing to exchange, and no sequence number taken (on any rank).
-class EmptyTask final : public Task {
- public:
-  bool progress() override { return true; }
-};
-
 }  // namespace
 
 void register_shm_allreduce(std::vector<Algorithm>& out) {
@@ -232,7 +226,7 @@ void register_shm_allreduce(std::vector<Algorithm>& out) {
                  },
                  [](const CollArgs& args, const Group& group, transport::Tag) -> std::unique_ptr<Task> {
                    check_reduction(args.op, args.dtype);  // before any sequence number is taken
-                   if (args.count == 0) return std::make_unique<EmptyTask>();
+                   if (args.count == 0) return std::make_unique<EmptyArenaTask>();
                    return std::make_unique<ShmAllreduce>(args, group, *group.host_arena());
                  }});
 }

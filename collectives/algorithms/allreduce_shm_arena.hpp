@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "collectives/group.hpp"
+#include "collectives/task.hpp"
 #include "transport/shm_flag.hpp"
 #include "transport/shm_segment.hpp"
 
@@ -102,6 +103,13 @@ class StallWatch {
  private:
   unsigned polls_ = 0;
   std::int64_t next_check_ms_ = 0;
+};
+
+// An arena all-reduce of count 0: nothing to exchange, and no sequence number
+// taken (on any rank), so the arena's rounds stay in step.
+class EmptyArenaTask final : public Task {
+ public:
+  bool progress() override { return true; }
 };
 
 }  // namespace dlop::coll

@@ -13,6 +13,7 @@
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "socket.hpp"
+#include "ucx_batches.hpp"
 #include "transport/endpoints.hpp"
 #include "transport/progress_thread.hpp"
 
@@ -43,24 +44,8 @@ struct OffloadClient::Lease {
   bool received() const { return settled || (recv && recv->done()); }
 };
 
-namespace {
-
-// nullopt if the (finished) request succeeded, else why not.
-std::optional<std::string> failure_of(transport::Request& request) {
-  try {
-    request.test();
-    return std::nullopt;
-  } catch (const Error& e) {
-    return std::string(e.what());
-  }
-}
-
-}  // namespace
-
 std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
-  transport::UcxWorker::Options o;
-  o.ucx_config = {{"RNDV_SCHEME", "put_zcopy"}};
-  return std::make_shared<transport::UcxWorker>(o);
+  return std::make_shared<transport::UcxWorker>(batch_worker_options());
 }
 
 OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::string token)

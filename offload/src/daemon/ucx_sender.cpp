@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "ucx_batches.hpp"
 
 namespace dlop::offload::daemon {
 
@@ -11,28 +12,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The sender's side of the put rendezvous that OffloadClient::make_worker
-// asks for: UCX 1.13 chooses the scheme where the send starts, so the daemon
-// needs it too for the batch to be written into the trainer's buffer.
-transport::UcxWorker::Options sender_options() {
-  transport::UcxWorker::Options o;
-  o.ucx_config = {{"RNDV_SCHEME", "put_zcopy"}};
-  return o;
-}
-
-// nullopt if the request succeeded, else its error; it must be done.
-std::optional<std::string> outcome(transport::Request& request) {
-  try {
-    request.test();
-    return std::nullopt;
-  } catch (const Error& e) {
-    return std::string(e.what());
-  }
-}
-
 }  // namespace
 
-UcxSender::UcxSender() : worker_(std::make_unique<transport::UcxWorker>(sender_options())) {
+UcxSender::UcxSender() : worker_(std::make_unique<transport::UcxWorker>(batch_worker_options())) {
   endpoints_ = std::make_unique<transport::Endpoints>(*worker_, transport::Endpoints::Options{});
 }
 
@@ -96,7 +78,7 @@ bool UcxSender::progress() {
     ready.push_back(std::move(p));
     return true;
   });
-  for (auto& p : ready) p.done(outcome(p.request));
+  for (auto& p : ready) p.done(failure_of(p.request));
   return any || !ready.empty();
 }
 

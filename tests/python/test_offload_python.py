@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -70,6 +71,21 @@ class Failing(Mixed):
         if i == 13:
             raise ZeroDivisionError("sample 13 is broken on purpose")
         return super().__getitem__(i)
+
+
+class LoadsSlowly(Mixed):
+    """Unpickling waits for a gate file: the daemon's worker is still loading the job."""
+
+    def __init__(self, gate: Path, loading: Path) -> None:
+        super().__init__()
+        self.gate, self.loading = str(gate), str(loading)
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        Path(self.loading).touch()
+        deadline = time.monotonic() + 120
+        while not Path(self.gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 class Unpicklable(Mixed):
@@ -177,6 +193,40 @@ def test_epoch_equals_the_local_fallback_and_holds_every_sample_once(daemons):
     assert labels == list(range(37))
     # The augmentation drew something, and the same thing on both sides.
     assert not torch.equal(got[0]["image"], got[0]["image"].floor())
+
+
+def test_the_daemon_serves_other_clients_while_a_python_dataset_loads(token_file, tmp_path):
+    """Loading a job (torch imported, the dataset unpickled) takes seconds; the daemon's event loop goes on."""
+    d = Daemon(token_file)
+    gate, loading = tmp_path / "gate", tmp_path / "loading"
+    made: dict = {}
+
+    def configure() -> None:
+        try:
+            made["loader"] = remote(LoadsSlowly(gate, loading), [d], batch_size=8)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            made["error"] = e
+
+    trainer = threading.Thread(target=configure)
+    trainer.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not loading.exists():
+            assert time.monotonic() < deadline and trainer.is_alive(), made.get("error", "the worker never loaded")
+            time.sleep(0.02)
+        host, port = d.address.rsplit(":", 1)
+        stats = offload.daemon_stats(host, int(port), TOKEN, 20.0)  # answered while the job still loads
+        assert stats["counters"]["open_connections"] == 2  # the trainer's and this one
+        gate.touch()
+        trainer.join(120)
+        assert "error" not in made, made.get("error")
+        got = [detach(b) for b in made["loader"]]
+        for g, w in zip(got, local(Mixed(), batch_size=8), strict=True):
+            assert_same(g, w)
+    finally:
+        gate.touch()
+        trainer.join(120)
+        d.kill()
 
 
 def test_a_daemon_killed_mid_epoch_still_gives_every_batch_once(daemons):

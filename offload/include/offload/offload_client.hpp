@@ -80,6 +80,10 @@ class OffloadClient {
     std::string name = "dlop";  // shown in the daemon's logs
     // Connecting, authenticating, configure() and stats() give up after this.
     std::chrono::milliseconds timeout = config().timeout;
+    // configure() of a Python job waits this long instead: the daemon's
+    // worker imports torch and unpickles the dataset first (seconds on a
+    // loaded host). Zero: `timeout`.
+    std::chrono::milliseconds python_load_timeout{0};
     // A worker to receive batches on, shared with other clients (its thread
     // rules apply); null: the client makes its own. Lease ids must then be
     // unique across all the clients sharing it, as they are the UCX tags.
@@ -165,7 +169,8 @@ class OffloadClient {
   // Reads what the socket has (waiting up to `timeout` for something) and
   // handles every frame; returns the frames that are not lease answers.
   std::vector<protocol::Frame> pump(std::chrono::milliseconds timeout);
-  protocol::Frame await(protocol::MsgType type, const char* what);
+  // Waits up to `timeout` (0: options_.timeout) for a frame of `type` (or ERROR).
+  protocol::Frame await(protocol::MsgType type, const char* what, std::chrono::milliseconds timeout = {});
   void post_receive(Lease& lease, void* buffer, std::size_t bytes);
   void on_answer(const protocol::Frame& frame);
   void collect();

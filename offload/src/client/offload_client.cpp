@@ -246,8 +246,8 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
   return frames;
 }
 
-protocol::Frame OffloadClient::await(MsgType type, const char* what) {
-  const auto deadline = Clock::now() + options_.timeout;
+protocol::Frame OffloadClient::await(MsgType type, const char* what, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
   while (true) {
     for (auto it = unsolicited_.begin(); it != unsolicited_.end(); ++it) {
       if (it->type == type || it->type == MsgType::kError) {
@@ -311,7 +311,8 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
     m.proof_address = reinterpret_cast<std::uintptr_t>(direct_proof_.data());
   }
   send(MsgType::kConfigure, protocol::encode(m));
-  const protocol::Frame answer = await(MsgType::kConfigured, "CONFIGURE");
+  const protocol::Frame answer = await(MsgType::kConfigured, "CONFIGURE",
+                                       config.python.empty() ? options_.timeout : options_.python_load_timeout);
   if (answer.type == MsgType::kError) {
     const auto e = protocol::decode<protocol::ErrorMsg>(answer.payload);
     throw_error(Errc::kInvalidArgument, "dlop-offloader at " + address_ + " refused the configuration: " + e.message);

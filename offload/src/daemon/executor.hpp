@@ -87,6 +87,8 @@ class Executor {
   std::vector<JobResult> take_results();
   // Adds a result made elsewhere (the Python path) and wakes the event loop.
   void post(JobResult result);
+  // Wakes the event loop for news from elsewhere (a Python worker loaded).
+  void wake() { wake_(); }
   // Gives back a result's staging buffer once its send is over.
   void release(Staging staging);
 

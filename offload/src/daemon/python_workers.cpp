@@ -37,6 +37,13 @@ class WorkerGone : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The worker ran and could not load the job: its own reason (the client's
+// code raised).
+class LoadRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 void write_all(int fd, const void* data, std::size_t n) {
   const auto* p = static_cast<const std::byte*>(data);
   while (n > 0) {
@@ -109,8 +116,12 @@ std::string default_python() {
 }
 
 PythonWorkers::PythonWorkers(const std::string& python, std::size_t count, const protocol::Bytes& job,
-                             DaemonStats& stats, std::function<void(JobResult)> deliver)
-    : stats_(stats), deliver_(std::move(deliver)), workers_(std::max<std::size_t>(1, count)) {
+                             DaemonStats& stats, std::function<void(JobResult)> deliver, std::function<void()> wake)
+    : stats_(stats),
+      deliver_(std::move(deliver)),
+      wake_(std::move(wake)),
+      python_(python),
+      workers_(std::max<std::size_t>(1, count)) {
   try {
     start(python, job);
   } catch (...) {
@@ -153,23 +164,32 @@ void PythonWorkers::start(const std::string& python, const protocol::Bytes& job)
       // Its first answer will say why (or that it is gone).
     }
   }
-  // The first worker's answer decides; the others are checked by their
-  // threads. Bounded: CONFIGURE runs on the daemon's event loop.
-  const int first = workers_[0].fd.get();
+}
+
+std::uint64_t PythonWorkers::await_load(Worker& w) {
+  const int fd = w.fd.get();
   timeval limit{kLoadSeconds, 0};
-  ::setsockopt(first, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  try {
-    if (read_value<std::uint8_t>(workers_[0].fd.get()) != 0) {
-      throw_error(Errc::kInvalidArgument, "generic Python path: " + read_text(workers_[0].fd.get()));
-    }
-    dataset_size_ = read_value<std::uint64_t>(workers_[0].fd.get());
-  } catch (const WorkerGone& e) {
-    throw_error(Errc::kInvalidArgument, std::string("generic Python path: the worker (") + python +
-                                            " -m dlop.data._python_worker) did not start: " + e.what() +
-                                            " (is dlop importable by that Python? see --python)");
-  }
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  if (read_value<std::uint8_t>(fd) != 0) throw LoadRefused(read_text(fd));
+  const auto size = read_value<std::uint64_t>(fd);
   limit = timeval{0, 0};
-  ::setsockopt(first, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  return size;
+}
+
+PythonWorkers::LoadState PythonWorkers::load_state() const {
+  std::lock_guard lock(mutex_);
+  return load_state_;
+}
+
+std::string PythonWorkers::load_error() const {
+  std::lock_guard lock(mutex_);
+  return load_error_;
+}
+
+std::uint64_t PythonWorkers::dataset_size() const {
+  std::lock_guard lock(mutex_);
+  return dataset_size_;
 }
 
 PythonWorkers::~PythonWorkers() {
@@ -202,15 +222,33 @@ bool PythonWorkers::cancel_queued(std::uint64_t lease) {
   return std::erase_if(queue_, [&](const Job& j) { return j.lease == lease; }) > 0;
 }
 
-void PythonWorkers::serve(Worker& w, bool loaded) {
+void PythonWorkers::serve(Worker& w, bool first) {
   pthread_setname_np(pthread_self(), "dlop-python");
   try {
-    if (!loaded) {
-      if (read_value<std::uint8_t>(w.fd.get()) != 0) throw WorkerGone(read_text(w.fd.get()));
-      (void)read_value<std::uint64_t>(w.fd.get());
+    const std::uint64_t size = await_load(w);
+    if (first) {
+      {
+        std::lock_guard lock(mutex_);
+        dataset_size_ = size;
+        load_state_ = LoadState::kLoaded;
+      }
+      wake_();
     }
-  } catch (const WorkerGone& e) {
-    log().warn("offloader: a Python worker could not load the dataset: {}", e.what());
+  } catch (const std::runtime_error& e) {  // WorkerGone or LoadRefused
+    if (first) {
+      {
+        std::lock_guard lock(mutex_);
+        load_state_ = LoadState::kFailed;
+        load_error_ = dynamic_cast<const LoadRefused*>(&e) != nullptr
+                          ? std::string("generic Python path: ") + e.what()
+                          : std::string("generic Python path: the worker (") + python_ +
+                                " -m dlop.data._python_worker) did not start: " + e.what() +
+                                " (is dlop importable by that Python? see --python)";
+      }
+      wake_();
+    } else {
+      log().warn("offloader: a Python worker could not load the dataset: {}", e.what());
+    }
     std::lock_guard lock(mutex_);
     --alive_;
     return;  // the others serve

@@ -24,16 +24,21 @@ namespace dlop::offload::daemon {
 
 class PythonWorkers {
  public:
-  // Starts `count` workers with `python` and gives each the job. Waits for
-  // the first to load it (the dataset's length comes from there) and throws
-  // kInvalidArgument with the worker's reason when it cannot.
+  // Starts `count` workers with `python` and gives each the job, without
+  // waiting for them: loading (importing torch, unpickling the dataset) takes
+  // seconds, and the daemon's event loop serves other clients meanwhile.
+  // The first worker's answer decides: load_state() leaves kLoading within
+  // two minutes, and `wake` is called when it does.
   PythonWorkers(const std::string& python, std::size_t count, const protocol::Bytes& job, DaemonStats& stats,
-                std::function<void(JobResult)> deliver);
+                std::function<void(JobResult)> deliver, std::function<void()> wake);
   ~PythonWorkers();  // kills the workers; results not yet delivered are dropped
   PythonWorkers(const PythonWorkers&) = delete;
   PythonWorkers& operator=(const PythonWorkers&) = delete;
 
-  std::uint64_t dataset_size() const { return dataset_size_; }
+  enum class LoadState { kLoading, kLoaded, kFailed };
+  LoadState load_state() const;
+  std::string load_error() const;   // kFailed: why, with the worker's own reason
+  std::uint64_t dataset_size() const;  // kLoaded: the dataset's length
   void submit(Job job);
   bool cancel_queued(std::uint64_t lease);
 
@@ -44,15 +49,21 @@ class PythonWorkers {
     std::thread thread;
   };
   void start(const std::string& python, const protocol::Bytes& job);
-  void serve(Worker& w, bool loaded);
+  // Reads a worker's answer to the job; throws WorkerGone when it failed.
+  std::uint64_t await_load(Worker& w);
+  void serve(Worker& w, bool first);
   JobResult execute(Worker& w, Job job, bool& died);
 
   DaemonStats& stats_;
   std::function<void(JobResult)> deliver_;
+  std::function<void()> wake_;
+  std::string python_;
   std::shared_ptr<SpareBuffers> spare_ = std::make_shared<SpareBuffers>();
-  std::uint64_t dataset_size_ = 0;
+  std::uint64_t dataset_size_ = 0;  // guarded by mutex_, as the two below
+  LoadState load_state_ = LoadState::kLoading;
+  std::string load_error_;
   std::vector<Worker> workers_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
   std::size_t alive_ = 0;  // workers still serving

@@ -70,6 +70,7 @@ void Server::run(int stop_fd) {
     }
     drain_wake_fd();
     on_results();
+    on_python_loads();
     check_deadlines();
     std::erase_if(conns_, [](const auto& kv) { return kv.second->closed; });
 

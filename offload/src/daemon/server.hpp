@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "executor.hpp"
@@ -77,6 +78,7 @@ class Server {
     std::chrono::steady_clock::time_point partial_since{};  // a frame began; {} when none
     std::shared_ptr<const Dataset> dataset;
     std::unique_ptr<PythonWorkers> python;  // the generic Python path's workers, killed with the connection
+    std::optional<protocol::Configure> loading;  // a Python CONFIGURE whose workers are still loading
     std::uint64_t endpoint = 0;  // UcxSender id, 0 until CONFIGURE
     protocol::Nonce direct_nonce{};  // sent in WELCOME; a same-host client shows it back from its memory
     std::uint32_t direct_pid = 0;    // nonzero: batches are written straight into this client process
@@ -103,7 +105,9 @@ class Server {
   void on_frame(Conn& c, protocol::Frame frame);
   void on_hello(Conn& c, const protocol::Frame& frame);
   void on_configure(Conn& c, const protocol::Configure& m);
-  void configure_python(Conn& c, const protocol::Configure& m);
+  void configure_python(Conn& c, protocol::Configure m);
+  // Answers the Python CONFIGUREs whose first worker has loaded or failed.
+  void on_python_loads();
   void on_produce(Conn& c, protocol::Produce m);
   void on_cancel(Conn& c, std::uint64_t lease);
   void on_results();

@@ -86,7 +86,7 @@ std::shared_ptr<const Source> Server::open_source_cached(const std::string& path
 }
 
 void Server::on_configure(Conn& c, const protocol::Configure& m) {
-  if (c.dataset) {
+  if (c.dataset || c.loading) {
     return reply(c, protocol::ErrorMsg{0, ErrorCode::kBadRequest, "already configured: open a new connection"});
   }
   if (!m.python.empty()) return configure_python(c, m);
@@ -135,27 +135,45 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
   }
 }
 
-void Server::configure_python(Conn& c, const protocol::Configure& m) {
+void Server::configure_python(Conn& c, protocol::Configure m) {
   try {
     if (options_.python.empty()) {
       throw_error(Errc::kInvalidArgument, "this dlop-offloader runs no Python (started with --no-python)");
     }
-    const std::uint64_t conn = c.id;
-    auto workers = std::make_unique<PythonWorkers>(options_.python, options_.threads, m.python, stats_,
-                                                   [this](JobResult r) { executor_->post(std::move(r)); });
-    protocol::Configured layout;
-    layout.dataset_size = workers->dataset_size();
-    layout.dtype = protocol::Dtype::kPythonBlob;
-    const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
-    c.endpoint = endpoint;
-    c.python = std::move(workers);
-    c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, std::nullopt, true, m.seed, m.batch_size, layout});
-    log().info("offloader: connection {} configured: generic Python path, {} samples, batch {}, {} workers", conn,
-               layout.dataset_size, m.batch_size, options_.threads);
-    reply(c, layout);
+    c.python = std::make_unique<PythonWorkers>(
+        options_.python, options_.threads, m.python, stats_, [this](JobResult r) { executor_->post(std::move(r)); },
+        [this] { executor_->wake(); });
+    m.python.clear();  // the workers have it
+    c.loading = std::move(m);
   } catch (const std::exception& e) {
     log().info("offloader: connection {}: CONFIGURE (Python) refused: {}", c.id, e.what());
     reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+  }
+}
+
+void Server::on_python_loads() {
+  for (auto& [id, conn] : conns_) {
+    Conn& c = *conn;
+    if (c.closed || !c.loading || c.python->load_state() == PythonWorkers::LoadState::kLoading) continue;
+    const protocol::Configure m = std::move(*c.loading);
+    c.loading.reset();
+    try {
+      if (c.python->load_state() == PythonWorkers::LoadState::kFailed) {
+        throw_error(Errc::kInvalidArgument, c.python->load_error());
+      }
+      protocol::Configured layout;
+      layout.dataset_size = c.python->dataset_size();
+      layout.dtype = protocol::Dtype::kPythonBlob;
+      c.endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
+      c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, std::nullopt, true, m.seed, m.batch_size, layout});
+      log().info("offloader: connection {} configured: generic Python path, {} samples, batch {}, {} workers", c.id,
+                 layout.dataset_size, m.batch_size, options_.threads);
+      reply(c, layout);
+    } catch (const std::exception& e) {
+      c.python.reset();  // no worker outlives a refused CONFIGURE
+      log().info("offloader: connection {}: CONFIGURE (Python) refused: {}", c.id, e.what());
+      reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+    }
   }
 }
 

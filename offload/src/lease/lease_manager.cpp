@@ -333,6 +333,7 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   OffloadClient::Options co;
   co.name = "dlop rank " + std::to_string(m.opt.rank);
   co.timeout = m.opt.connect_timeout;
+  co.python_load_timeout = std::max(m.opt.connect_timeout, m.opt.lease_timeout);
   if (!m.progress) m.progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker(), "dlop-lease-ucx");
   co.progress = m.progress;
   auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);

@@ -28,6 +28,7 @@ ProgressMode parse_progress(std::string_view text) {
   if (text == "spin") return ProgressMode::kSpin;
   if (text == "sleep") return ProgressMode::kSleep;
   if (text == "auto") return ProgressMode::kAuto;
+  if (text == "yield") return ProgressMode::kYield;
   throw_error(Errc::kInvalidArgument,
               fmt::format("DLOP_PROGRESS='{}' is not one of spin, sleep, auto", text));
 }

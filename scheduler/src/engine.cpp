@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trace.hpp"
+#include "core/wait_policy.hpp"
 #include "signature_check.hpp"
 
 namespace dlop::sched {
@@ -80,6 +81,9 @@ Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Schedulin
       scheduling_(scheduling) {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw_errno("eventfd");
+  int local_ranks = 0;
+  for (int r = 0; r < mesh_->size(); ++r) local_ranks += mesh_->host_of(r) == mesh_->host_of(mesh_->rank()) ? 1 : 0;
+  WaitPolicy::process().decide(local_ranks);
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -404,6 +408,11 @@ void Engine::thread_main() {
   std::vector<std::shared_ptr<detail::OpState>> finished;
   int idle_passes = 0;
   while (!stop_.load()) {
+    const WaitMode mode = WaitPolicy::process().mode();
+    if (mode != WaitMode::kSpin && drivers_.load(std::memory_order_relaxed) > 0) {
+      sleep_until_woken(1, false);  // a waiting caller drives progress
+      continue;
+    }
     std::unique_lock lock(engine_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) {  // a waiting caller drives progress now
       lock = {};
@@ -419,10 +428,11 @@ void Engine::thread_main() {
                                           [](const auto& op) { return op->task && op->task->polls_memory(); });
     lock.unlock();
     finish_all(finished);
-    if (polls_memory) {
-      // Nothing will wake a sleep: let a descheduled peer run, then look again.
+    if (polls_memory || (running && !sleep && mode != WaitMode::kSpin)) {
+      // Nothing will wake a sleep (or the policy says so): let a descheduled
+      // peer run, then look again.
       sched_yield();
-      sleep = false;
+      sleep = sleep && !polls_memory;
     }
     if (sleep) {
       // Running ops: UCX's event fd wakes us (and a short timeout bounds the

@@ -49,6 +49,26 @@ class Engine {
   void wake_progress_thread();
   DataCredits& data_credits() { return data_credits_; }
 
+  // While one exists, a caller polls this engine itself (a blocking wait):
+  // unless waits spin, the progress thread then leaves the core to it rather
+  // than poll the same memory beside it.
+  class Driver {
+   public:
+    explicit Driver(Engine* engine) : engine_(engine) {
+      if (engine_ != nullptr) engine_->drivers_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Driver() { stop(); }
+    Driver(const Driver&) = delete;
+    Driver& operator=(const Driver&) = delete;
+    void stop() {
+      if (engine_ != nullptr) engine_->drivers_.fetch_sub(1, std::memory_order_relaxed);
+      engine_ = nullptr;
+    }
+
+   private:
+    Engine* engine_;
+  };
+
   // Communicator ids: each process hands out ids in increasing order.
   int next_comm_id() const { return next_comm_id_; }
   void reserve_comm_id(int id);
@@ -77,6 +97,7 @@ class Engine {
   void fail(detail::OpState& op, std::exception_ptr error);
   void finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished);
 
+  std::atomic<int> drivers_{0};
   transport::Bootstrap* bootstrap_;
   std::unique_ptr<transport::UcxWorker> worker_;
   std::unique_ptr<transport::Mesh> mesh_;

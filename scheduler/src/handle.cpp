@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.hpp"
+#include "core/wait_policy.hpp"
 #include "core/error.hpp"
 #include "engine.hpp"
 #include "op_state.hpp"
@@ -64,26 +65,26 @@ void Handle::wait(std::chrono::milliseconds timeout) const {
     if (state_->status.load(std::memory_order_acquire) == detail::OpState::kFailed) std::rethrow_exception(state_->error);
     return;
   }
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
-  const auto& cfg = config();
+  const auto deadline = Clock::now() + timeout;
   const auto engine = state_->engine.lock();  // null once shut down: every op is complete then
-  const auto spin_until = cfg.progress == ProgressMode::kSpin    ? Clock::time_point::max()
-                          : cfg.progress == ProgressMode::kSleep ? start
-                                                                 : start + cfg.spin;
-  // Drive progress ourselves while spinning; then let the progress thread work
-  // and sleep until it finishes the operation.
-  auto now = start;
-  while (engine && !state_->done() && now < deadline) {
-    if (now < spin_until) {
-      for (int i = 0; i < 16 && !state_->done(); ++i) engine->try_progress();
-    } else {
-      engine->wake_progress_thread();
-      std::unique_lock lock(state_->mutex);
-      state_->finished.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(10)),
-                                  [&] { return state_->done(); });
+  // Drive progress ourselves while the wait policy polls; then let the
+  // progress thread work and sleep until it finishes the operation.
+  Engine::Driver driving(engine.get());
+  Waiter waiter;
+  for (unsigned round = 1; engine && !state_->done(); ++round) {
+    engine->try_progress();
+    if (state_->done()) break;
+    if (waiter.pause()) {
+      if ((round & 15u) != 0 || Clock::now() < deadline) continue;
+      break;
     }
-    now = Clock::now();
+    driving.stop();
+    engine->wake_progress_thread();
+    std::unique_lock lock(state_->mutex);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    state_->finished.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(10)),
+                                [&] { return state_->done(); });
   }
   if (!state_->done()) {
     throw_error(Errc::kTimeout, fmt::format("waited {} ms for {}; it is still running", timeout.count(), state_->describe()));

@@ -1,6 +1,7 @@
 #include "transport/request.hpp"
 
 #include "core/error.hpp"
+#include "core/wait_policy.hpp"
 #include "transport/endpoints.hpp"
 #include "transport/mesh.hpp"
 
@@ -81,16 +82,18 @@ void Request::wait() { wait(owner_ != nullptr ? owner_->options().timeout : std:
 bool Request::done() const { return state().status != UCS_INPROGRESS; }
 
 void Request::wait(std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kMaxBlock{10};
   if (test()) return;
   const auto& options = owner_->options();
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
-  const auto spin_until = options.progress == ProgressMode::kSpin    ? Clock::time_point::max()
-                          : options.progress == ProgressMode::kSleep ? start
-                                                                     : start + options.spin;
+  const auto deadline = Clock::now() + timeout;
+  Waiter waiter(options.progress, options.spin);
   for (unsigned round = 1;; ++round) {
     if (test()) return;
-    if ((round & 15u) != 0) continue;  // read the clock only every few rounds
+    const bool polling = waiter.pause();
+    // Read the clock only every few rounds; and after a block, progress a few
+    // times before the next: some UCX steps (a wire-up's next message) need
+    // progress but signal no event.
+    if ((round & 15u) != 0) continue;
     const auto now = Clock::now();
     if (now >= deadline) {
       const auto& s = state();
@@ -100,9 +103,8 @@ void Request::wait(std::chrono::milliseconds timeout) {
                               s.kind == detail::OpKind::kRecv ? "from" : "to", owner_->describe(s.peer),
                               timeout.count(), failure ? "; peer dead: " + *failure : "; peer alive"));
     }
-    if (now >= spin_until) {
-      owner_->wait_for_events(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
-    }
+    // Bounded for the same reason.
+    if (!polling) owner_->wait_for_events(std::min(kMaxBlock, std::chrono::ceil<std::chrono::milliseconds>(deadline - now)));
   }
 }
 

@@ -8,7 +8,7 @@
 
 namespace dlop {
 
-enum class ProgressMode { kSpin, kSleep, kAuto };
+enum class ProgressMode { kSpin, kSleep, kAuto, kYield };
 
 struct Config {
   std::string log_level = "warn";                 // DLOP_LOG_LEVEL

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "core/wait_policy.hpp"
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "socket.hpp"
@@ -151,6 +152,7 @@ void OffloadClient::release_receives() {
     }
     return false;
   };
+  Waiter waiter;
   while (pending()) {
     // A matched rendezvous cannot be canceled, and on one host (shared
     // memory, error mode NONE) nothing fails it when the daemon died: but a
@@ -165,7 +167,7 @@ void OffloadClient::release_receives() {
       std::erase_if(leases_, [](const auto& kv) { return kv.second == nullptr; });
       break;
     }
-    progress_worker();
+    if (!progress_worker() && !waiter.pause()) waiter.sleep_a_little();
   }
 }
 

@@ -36,8 +36,8 @@ class Endpoints {
  public:
   struct Options {
     std::chrono::milliseconds timeout = config().timeout;  // Request::wait()'s default
-    ProgressMode progress = config().progress;
-    std::chrono::microseconds spin = config().spin;  // kAuto: spin this long, then sleep
+    ProgressMode progress = config().progress;  // kAuto: the process's WaitPolicy (core/wait_policy.hpp)
+    std::chrono::microseconds spin = config().spin;  // the longest a spinning wait polls before it blocks
   };
   using Peer = int;  // an index given by connect(), from 0 up, never reused
 

@@ -36,8 +36,8 @@ class Mesh {
   struct Options {
     std::chrono::milliseconds timeout = config().timeout;    // default for waits
     std::chrono::milliseconds watchdog = config().watchdog;  // liveness check interval
-    ProgressMode progress = config().progress;
-    std::chrono::microseconds spin = config().spin;          // kAuto: spin this long, then sleep
+    ProgressMode progress = config().progress;  // kAuto: the process's WaitPolicy (core/wait_policy.hpp)
+    std::chrono::microseconds spin = config().spin;          // the longest a spinning wait polls before it blocks
     std::string host = host_identity();  // ranks with equal hosts share memory
   };
 

@@ -10,11 +10,11 @@
 #include <functional>
 #include <span>
 #include <string_view>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/wait_policy.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace dlop::transport {
@@ -23,17 +23,6 @@ namespace dlop::transport {
 // on a lock table or on its own address.
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shm flags need address-free atomics");
 
-// Tells the core a spin-wait is in progress (saves power, frees the sibling hyperthread).
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield" ::: "memory");
-#else
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-#endif
-}
-
 struct alignas(64) ShmFlag {
   std::atomic<std::uint64_t> value{0};
 
@@ -41,28 +30,22 @@ struct alignas(64) ShmFlag {
   void post(std::uint64_t seq) { value.store(seq, std::memory_order_release); }
   std::uint64_t load() const { return value.load(std::memory_order_acquire); }
 
-  // Waits until the flag is at least seq and returns the value seen. Spins
-  // briefly, then yields, then sleeps with a growing pause (up to 1 ms), and
-  // calls check() (if set) every few ms so the caller can throw when a peer
-  // died. Throws kTimeout past deadline, naming `what`.
+  // Waits until the flag is at least seq and returns the value seen. Polls
+  // as the process's wait policy says (spin, or yield the core), then sleeps
+  // with a growing pause (up to 1 ms), and calls check() (if set) every few
+  // ms so the caller can throw when a peer died. Throws kTimeout past
+  // deadline, naming `what`.
   std::uint64_t wait_at_least(std::uint64_t seq, std::chrono::steady_clock::time_point deadline,
                               const std::function<void()>& check, std::string_view what = "shm flag") const {
     using Clock = std::chrono::steady_clock;
-    constexpr int kSpins = 4096;
-    constexpr int kYields = 64;
     constexpr auto kCheckEvery = std::chrono::milliseconds(2);
-    constexpr auto kMaxSleep = std::chrono::microseconds(1000);
-
-    for (int i = 0; i < kSpins; ++i) {
+    Waiter waiter;
+    auto next_check = Clock::now() + kCheckEvery;
+    for (unsigned round = 1;; ++round) {
       const std::uint64_t seen = load();
       if (seen >= seq) return seen;
-      cpu_relax();
-    }
-    auto next_check = Clock::now();
-    auto sleep = std::chrono::microseconds(10);
-    for (int round = 0;; ++round) {
-      const std::uint64_t seen = load();
-      if (seen >= seq) return seen;
+      const bool polling = waiter.pause();
+      if (polling && (round & 63u) != 0) continue;  // the clock only every few polls
       const auto now = Clock::now();
       if (now >= next_check) {
         if (check) check();
@@ -71,12 +54,7 @@ struct alignas(64) ShmFlag {
       if (now >= deadline) {
         throw_error(Errc::kTimeout, fmt::format("{}: waited for sequence {} but it is still at {}", what, seq, seen));
       }
-      if (round < kYields) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(sleep);
-        sleep = std::min(sleep * 2, kMaxSleep);
-      }
+      if (!polling) waiter.sleep_a_little();
     }
   }
 };

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# More ranks than cores: dlop against Open MPI (dlop-bench under
+# `mpirun --oversubscribe`, both in the same run on the same buffers) at 2, 3,
+# 4 and 8 ranks on this machine, and against Gloo through torch.distributed
+# (torchrun, dlop.bench.c10d) at 4 ranks. Then the CPU an idle engine uses.
+# Each run goes to bench/results/oversubscribe/<name>.{txt,json}; each .txt
+# starts with the command that made it and the machine's load.
+#
+#   bench/run_oversubscribe.sh [RANKS...]     default: 2 3 4 8
+# DLOP_RUNS=N repeats each (files _run<k>, then _median.txt per rank count).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bench=${DLOP_BENCH:-build/bench/dlop-bench}
+[ -x "$bench" ] || bench=.venv/bin/dlop-bench
+[ -x "$bench" ] || { echo "dlop-bench not found: build it, or set DLOP_BENCH" >&2; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found" >&2; exit 1; }
+python=${PYTHON:-.venv/bin/python}
+out=bench/results/oversubscribe
+mkdir -p "$out"
+ranks=("$@")
+[ ${#ranks[@]} -gt 0 ] || ranks=(2 3 4 8)
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+runs=${DLOP_RUNS:-1}
+
+header() { echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"; }
+
+for n in "${ranks[@]}"; do
+  for part in small large; do
+    case $part in
+      small) sizes=(-b 8 -e 32K -f 8 --reps 5) ;;
+      large) sizes=(-b 64M -e 64M --reps 3) ;;
+    esac
+    jsons=()
+    for ((k = 1; k <= runs; k++)); do
+      base=$out/allreduce_${n}ranks_$part
+      [ "$runs" -gt 1 ] && base=${base}_run$k
+      cmd=(mpirun "${root[@]}" --oversubscribe -np "$n" "$bench" allreduce "${sizes[@]}" -d float -o sum --inplace 1
+           --json "$base.json")
+      { header; echo "# ${cmd[*]}"; "${cmd[@]}" 2>&1; } | tee "$base.txt"
+      jsons+=("$base.json")
+    done
+    if [ "$runs" -gt 1 ]; then
+      "$python" bench/median_of_runs.py "${jsons[@]}" | tee "$out/allreduce_${n}ranks_${part}_median.txt"
+    fi
+  done
+done
+
+# Through torch: 4 ranks on this machine's cores, dlop and Gloo in one run.
+port=$((29500 + RANDOM % 1000))
+cmd=("$python" -m torch.distributed.run --nproc-per-node 4 --master-port "$port" -m dlop.bench.c10d
+     --ops all_reduce --sizes 8,4K,64K --impls dlop,gloo -r 5 --json "$out/c10d_4ranks.json")
+{ header; echo "# OMP_NUM_THREADS=1 ${cmd[*]}"; OMP_NUM_THREADS=1 "${cmd[@]}" 2>&1 | grep -v '^W[0-9]'; } | tee "$out/c10d_4ranks.txt"
+
+# An idle engine: 2 ranks that made one all-reduce, then wait 10 s on a
+# barrier of the bootstrap (not the engine); CPU seconds each used meanwhile.
+"$python" bench/idle_cpu.py | tee "$out/idle_cpu.txt"

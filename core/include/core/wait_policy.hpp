@@ -1,0 +1,123 @@
+// How a thread waits for what another thread or process will do.
+//
+//   spin   poll without pause: the lowest latency, when every waiting rank has
+//          a core of its own (a spin only wastes a core nobody else wanted)
+//   yield  poll, and give the core away between polls (sched_yield): when
+//          ranks outnumber cores, the rank a waiter waits for is often the one
+//          its spinning keeps off the core
+//   sleep  block on an event, or sleep between polls
+//
+// Each mode bounds its polling phase and then blocks, so that a long wait
+// (a straggler, an idle peer) costs no CPU. The process's mode is chosen when
+// its engine starts, from the cores this process may run on and the ranks
+// sharing this host, and changed at run time when spinning waits keep losing
+// their core (the host is busier than the count said: torch's intra-op
+// threads, other jobs). DLOP_PROGRESS=spin|yield|sleep overrides both.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/config.hpp"
+
+namespace dlop {
+
+enum class WaitMode : std::uint8_t { kSpin, kYield, kSleep };
+
+// Tells the core a spin-wait is in progress (saves power, frees the sibling hyperthread).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+std::string_view wait_mode_name(WaitMode mode);
+
+// The cores this process may use: its CPU affinity, capped by a cgroup CPU
+// quota. `why` says where the number came from, for the log.
+struct CoreBudget {
+  double cores = 1;
+  std::string why;
+};
+CoreBudget usable_cores();
+// A cgroup v2 cpu.max ("QUOTA PERIOD" or "max PERIOD") as cores; nullopt: no quota.
+std::optional<double> parse_cgroup_cpu_max(std::string_view text);
+
+// The mode for `local_ranks` processes of one job sharing `cores` cores.
+struct WaitChoice {
+  WaitMode mode = WaitMode::kSpin;
+  std::string why;
+};
+WaitChoice choose_wait_mode(ProgressMode requested, double cores, int local_ranks);
+
+// The process-wide mode. Reads are one relaxed atomic load.
+class WaitPolicy {
+ public:
+  static WaitPolicy& process();
+
+  WaitMode mode() const { return mode_.load(std::memory_order_relaxed); }
+  // From an engine that starts with `local_ranks` ranks on this host (itself
+  // included); logs the choice at info when it changes the mode.
+  void decide(int local_ranks);
+  // A wait that spun for `wall` and was on a core for `on_cpu` of it. Spins
+  // that keep getting less than half their time on a core switch an automatic
+  // spin policy to yield (logged at info).
+  void report_spin(std::chrono::nanoseconds wall, std::chrono::nanoseconds on_cpu);
+  // Spins shorter than this are not judged (a timeslice tick is noise there).
+  static constexpr std::chrono::microseconds kJudgedSpin{50};
+  // Of the last kWindow judged spins, this many losing their core switch the mode.
+  static constexpr int kWindow = 8;
+  static constexpr int kLostToSwitch = 6;
+
+  // For tests: forget the decision and the history.
+  void reset_for_test(ProgressMode requested);
+
+ private:
+  WaitPolicy();
+  void set(WaitMode mode, const std::string& why);
+
+  std::atomic<WaitMode> mode_{WaitMode::kSpin};
+  std::atomic<bool> automatic_{true};  // false when DLOP_PROGRESS named a mode
+  std::atomic<std::uint32_t> history_{0};  // bit k: the k-th last judged spin lost its core
+  std::atomic<int> judged_{0};
+};
+
+// One wait's pauses between polls: call pause() after each poll that found
+// nothing. It returns false when the polling phase is over (after `spin` of
+// spinning or `yield` of yielding) and the caller should block on its own
+// event (or sleep, see sleep_a_little). `requested` kAuto follows the
+// process's WaitPolicy; kSpin spins for the whole wait. A spin is reported to
+// the policy when its phase ends.
+class Waiter {
+ public:
+  explicit Waiter(ProgressMode requested = config().progress, std::chrono::microseconds spin = config().spin,
+                  std::chrono::microseconds yield = std::chrono::milliseconds(20));
+  ~Waiter();
+  Waiter(const Waiter&) = delete;
+  Waiter& operator=(const Waiter&) = delete;
+
+  bool pause();
+  WaitMode mode() const { return mode_; }
+  // For waits with no event to block on: sleeps a pause that grows from 10 us
+  // to 1 ms over the calls.
+  void sleep_a_little();
+
+ private:
+  WaitMode mode_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point poll_until_;
+  std::chrono::nanoseconds cpu_start_{0};
+  std::chrono::microseconds sleep_{10};
+  unsigned rounds_ = 0;
+  bool polling_ = true;
+};
+
+}  // namespace dlop

@@ -1,0 +1,198 @@
+// The wait policy (core/wait_policy.hpp): the cores a process may use, the
+// mode chosen for the ranks sharing them, the switch when spins lose their
+// core, and collectives that stay exact and bounded with twice as many ranks
+// as cores (where waits yield).
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "common/multiprocess.hpp"
+#include "core/error.hpp"
+#include "core/wait_policy.hpp"
+#include "scheduler/communicator.hpp"
+
+namespace dlop::sched {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Runs `body` in a forked child (it changes process-wide state: the policy,
+// the CPU affinity) and expects it to exit 0.
+template <typename Body>
+void in_child(Body&& body) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 1;
+    try {
+      code = body() ? 0 : 1;
+    } catch (...) {
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's checks failed";
+}
+
+TEST(WaitPolicy, ReadsACgroupQuota) {
+  EXPECT_EQ(parse_cgroup_cpu_max("150000 100000"), 1.5);
+  EXPECT_EQ(parse_cgroup_cpu_max("50000 100000"), 0.5);
+  EXPECT_FALSE(parse_cgroup_cpu_max("max 100000").has_value());
+  EXPECT_FALSE(parse_cgroup_cpu_max("").has_value());
+  EXPECT_FALSE(parse_cgroup_cpu_max("0 100000").has_value());
+  EXPECT_FALSE(parse_cgroup_cpu_max("100000").has_value());
+}
+
+TEST(WaitPolicy, CountsTheCoresOfItsAffinity) {
+  const CoreBudget all = usable_cores();
+  EXPECT_GE(all.cores, 0.01);
+  EXPECT_LE(all.cores, std::thread::hardware_concurrency());
+  EXPECT_NE(all.why.find("affinity"), std::string::npos) << all.why;
+  in_child([] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(static_cast<int>(::sched_getcpu()), &one);
+    if (::sched_setaffinity(0, sizeof(one), &one) != 0) return false;
+    const CoreBudget b = usable_cores();
+    return b.cores <= 1.0 && b.why.find("affinity: 1 of") != std::string::npos;
+  });
+}
+
+TEST(WaitPolicy, YieldsWhenRanksOutnumberCoresAndSpinsOtherwise) {
+  const WaitChoice crowded = choose_wait_mode(ProgressMode::kAuto, 2, 3);
+  EXPECT_EQ(crowded.mode, WaitMode::kYield);
+  EXPECT_NE(crowded.why.find("3 ranks"), std::string::npos) << crowded.why;
+  EXPECT_NE(crowded.why.find("2 cores"), std::string::npos) << crowded.why;
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kAuto, 2, 2).mode, WaitMode::kSpin);
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kAuto, 16, 8).mode, WaitMode::kSpin);
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kAuto, 1.5, 2).mode, WaitMode::kYield);  // a cgroup quota
+  // DLOP_PROGRESS overrides the count.
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kSpin, 2, 8).mode, WaitMode::kSpin);
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kSleep, 2, 1).mode, WaitMode::kSleep);
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kYield, 16, 1).mode, WaitMode::kYield);
+}
+
+TEST(WaitPolicy, SpinsThatLoseTheirCoreSwitchToYield) {
+  in_child([] {
+    WaitPolicy& p = WaitPolicy::process();
+    p.reset_for_test(ProgressMode::kAuto);
+    // Spins on a core all the time, or too short to judge: no change.
+    for (int i = 0; i < 20; ++i) p.report_spin(200us, 200us);
+    for (int i = 0; i < 20; ++i) p.report_spin(10us, 1us);
+    if (p.mode() != WaitMode::kSpin) return false;
+    // A few lost among won: no change either.
+    for (int i = 0; i < 20; ++i) p.report_spin(200us, i % 3 == 0 ? 20us : 200us);
+    if (p.mode() != WaitMode::kSpin) return false;
+    for (int i = 0; i < WaitPolicy::kLostToSwitch; ++i) p.report_spin(200us, 40us);
+    if (p.mode() != WaitMode::kYield) return false;
+    // A mode named by DLOP_PROGRESS stays.
+    p.reset_for_test(ProgressMode::kSpin);
+    for (int i = 0; i < 20; ++i) p.report_spin(200us, 1us);
+    return p.mode() == WaitMode::kSpin;
+  });
+}
+
+TEST(WaitPolicy, ASpinningWaitBesideBusyThreadsOnItsCoreSwitchesToYield) {
+  in_child([] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(static_cast<int>(::sched_getcpu()), &one);
+    if (::sched_setaffinity(0, sizeof(one), &one) != 0) return false;
+    WaitPolicy::process().reset_for_test(ProgressMode::kAuto);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> busy;
+    for (int i = 0; i < 3; ++i) {
+      busy.emplace_back([&] {
+        while (!stop.load(std::memory_order_relaxed)) cpu_relax();
+      });
+    }
+    // Waits for something that never comes, each polling 5 ms: with three
+    // busy threads on the one core, a spin gets about a quarter of its time.
+    for (int i = 0; i < 4 * WaitPolicy::kWindow && WaitPolicy::process().mode() == WaitMode::kSpin; ++i) {
+      Waiter w(ProgressMode::kAuto, 5ms);
+      while (w.pause()) {
+      }
+    }
+    stop = true;
+    for (auto& t : busy) t.join();
+    return WaitPolicy::process().mode() == WaitMode::kYield;
+  });
+}
+
+TEST(WaitPolicy, EachModeBoundsItsPolling) {
+  in_child([] {
+    const auto polls_for = [](ProgressMode mode) {
+      const auto start = Clock::now();
+      Waiter w(mode, 2ms, 5ms);
+      while (w.pause()) {
+      }
+      return Clock::now() - start;
+    };
+    WaitPolicy::process().reset_for_test(ProgressMode::kAuto);
+    // Lower bounds only: the phase lasts at least its budget; it ended (no hang).
+    return polls_for(ProgressMode::kSleep) < 2ms && polls_for(ProgressMode::kAuto) >= 2ms &&
+           polls_for(ProgressMode::kYield) >= 5ms;
+  });
+}
+
+// Twice as many ranks as this process may use cores (at least 4): every
+// waiting rank yields, and results stay exact.
+int crowded_ranks() { return std::clamp(static_cast<int>(std::ceil(usable_cores().cores)) * 2, 4, 8); }
+
+TEST(WaitPolicy, CollectivesWithTwiceAsManyRanksAsCoresAreExact) {
+  const int n = crowded_ranks();
+  test::run_ranks(n, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    if (comm->size() > usable_cores().cores) {
+      EXPECT_EQ(WaitPolicy::process().mode(), WaitMode::kYield);
+    }
+    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001},
+                                    std::size_t{3} << 18}) {
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<std::int64_t> data(count);
+        for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<std::int64_t>(i) * (comm->rank() + 1) + rep;
+        comm->allreduce(data.data(), data.data(), count, coll::DataType::kInt64, coll::ReduceOp::kSum).wait();
+        const std::int64_t ranks_sum = comm->size() * (comm->size() + 1) / 2;
+        for (std::size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(data[i], static_cast<std::int64_t>(i) * ranks_sum + rep * comm->size()) << count << " at " << i;
+        }
+      }
+      std::vector<float> value(count + 1, static_cast<float>(comm->rank()));
+      comm->broadcast(value.data(), value.size(), coll::DataType::kFloat32, comm->size() - 1).wait();
+      ASSERT_EQ(value, std::vector<float>(count + 1, static_cast<float>(comm->size() - 1)));
+    }
+    comm->barrier().wait();
+  });
+}
+
+TEST(WaitPolicy, ASilentRankAmongTwiceAsManyRanksAsCoresTimesOutInTime) {
+  const int n = crowded_ranks();
+  test::run_ranks(n, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    if (comm->rank() != comm->size() - 1) {
+      double x = 1;
+      const auto start = Clock::now();
+      try {
+        comm->allreduce(&x, &x, 1, coll::DataType::kFloat64, coll::ReduceOp::kSum, {.timeout = 1s}).wait();
+        ADD_FAILURE() << "no timeout";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::kTimeout) << e.what();
+      }
+      EXPECT_LT(Clock::now() - start, 10s);  // a bound, not a speed: the 1 s timeout, not a hang
+    }
+    b.barrier(60s);  // the last rank submits nothing until the others timed out
+  });
+}
+
+}  // namespace
+}  // namespace dlop::sched

@@ -208,3 +208,41 @@ def test_offload_wraps_an_imagefolder_dataloader(dataset, daemons):
     dl = torch.utils.data.DataLoader(tv.datasets.ImageFolder(dataset, transform=odd), batch_size=BATCH)
     with pytest.raises(ValueError, match="Lambda has no native op"):
         offload_loader(dl, offloaders=[d.address for d in daemons], token=TOKEN, native_only=True)
+
+
+TRACED = """
+import json, sys
+from dlop.data import OffloadLoader
+spec, dataset, token = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+loader = OffloadLoader(dataset, spec, 4, shuffle=True, seed=11, offloaders=sys.argv[4:], token=token, prefetch=3)
+assert loader.offloaded
+print(sum(len(y) for _, y in loader))
+"""
+
+
+def test_trace_shows_every_lease_and_every_wait(dataset, daemons, tmp_path):
+    """DLOP_TRACE: each batch's lease (PRODUCE to its answer), the time it waited ready, and the consumer's wait."""
+    import json
+    import sys
+
+    trace_dir = tmp_path / "trace"
+    out = subprocess.run([sys.executable, "-c", TRACED, json.dumps(SPEC), dataset, TOKEN,
+                          *[d.address for d in daemons]],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "DLOP_TRACE": str(trace_dir)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "18"
+    (trace_file,) = trace_dir.glob("dlop-trace-*.json")
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    leases = [e for e in events if e["name"].startswith("lease ") and e["args"]["outcome"] == "landed"]
+    ready = {e["args"]["batch"]: e for e in events if e["name"].startswith("ready ")}
+    waits = [e for e in events if e["name"] == "data wait"]
+    assert sorted(e["args"]["batch"] for e in leases) == list(range(5))  # one landed lease per batch
+    assert sorted(ready) == list(range(5)) and len(waits) == 5
+    addresses = {d.address for d in daemons}
+    for lease in leases:
+        assert lease["cat"] == "data" and lease["args"]["daemon"] in addresses
+        assert lease["args"]["bytes"] > 0 and lease["dur"] >= 0
+        # Ready from when it landed (a lease ends there) until consumed.
+        r = ready[lease["args"]["batch"]]
+        assert r["ts"] >= lease["ts"] + lease["dur"] - 1 and r["dur"] >= 0
+    assert sorted(w["args"]["batch"] for w in waits) == list(range(5))

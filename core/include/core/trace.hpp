@@ -5,7 +5,7 @@
 // with every event so far on flush(): at engine teardown and at exit.
 //
 // Any layer may record spans (the engine: collectives and their chunks;
-// later the offload client: batch leases). When DLOP_TRACE is unset,
+// the lease manager: batch leases, ready batches and the consumer's waits). When DLOP_TRACE is unset,
 // trace::enabled() is one predictable branch and nothing else runs.
 #pragma once
 

@@ -16,6 +16,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/trace.hpp"
 #include "transport/progress_thread.hpp"
 
 namespace dlop::offload {
@@ -31,7 +32,22 @@ struct Position {
   std::uint64_t lease = 0;  // the current lease while kLeased
   std::size_t slot = 0;     // kFilled / kYielded
   Completion done;
+  Clock::time_point landed;  // kFilled: when its completion was seen (for the trace)
 };
+
+// A lease's life in the trace: from PRODUCE to its answer, by outcome.
+void trace_lease(std::uint64_t id, std::uint64_t position, const std::string& daemon, Clock::time_point issued,
+                 const Completion& c, bool used) {
+  const char* outcome = c.status == Completion::Status::kReady ? (used ? "landed" : "duplicate")
+                        : c.status == Completion::Status::kFailed ? "failed"
+                                                                   : "canceled";
+  trace::span("lease " + std::to_string(position), "data", issued, Clock::now(),
+              {{"lease", static_cast<std::int64_t>(id)},
+               {"batch", static_cast<std::int64_t>(position)},
+               {"daemon", daemon},
+               {"bytes", static_cast<std::int64_t>(c.bytes)},
+               {"outcome", std::string(outcome)}});
+}
 
 struct Daemon {
   std::unique_ptr<OffloadClient> client;
@@ -229,11 +245,16 @@ struct LeaseManager::Impl {
     if (c.status == Completion::Status::kReady) ++daemons[d].completed;
     Position* p = l.generation == generation ? &positions[l.position] : nullptr;
     const bool open = p != nullptr && (p->state == PosState::kLeased || p->state == PosState::kPending);
+    if (trace::enabled()) {
+      trace_lease(c.lease, l.position, daemons[d].client->address(), l.issued, c,
+                  c.status == Completion::Status::kReady && open);
+    }
     if (c.status == Completion::Status::kReady && open) {
       if (p->state == PosState::kLeased && p->lease != c.lease) cancel_lease(p->lease);  // an orphan won
       p->state = PosState::kFilled;
       p->slot = l.slot;
       p->done = std::move(c);
+      p->landed = Clock::now();
       return;
     }
     slot_free[l.slot] = true;  // a duplicate, a cancellation or a failure: the buffer is unused
@@ -363,6 +384,7 @@ void LeaseManager::set_epoch(std::uint64_t epoch) { impl_->reset(epoch, 0); }
 
 std::optional<Batch> LeaseManager::next() {
   auto& m = *impl_;
+  const auto asked = Clock::now();
   std::optional<Clock::time_point> alone_since;
   while (true) {
     if (m.built && m.next >= m.positions.size()) return std::nullopt;
@@ -378,6 +400,15 @@ std::optional<Batch> LeaseManager::next() {
       b.labels = m.python() ? nullptr : reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->labels_offset);
       b.indices = m.batches[b.position];
       for (const auto& s : p.done.skipped) b.skipped.push_back(s.index);
+      if (trace::enabled()) {
+        // The consumer's wait for this batch (its step's data stall), and
+        // how long the batch had waited for the consumer.
+        const auto now = Clock::now();
+        const auto position = static_cast<std::int64_t>(b.position);
+        trace::span("data wait", "data", asked, now, {{"batch", position}});
+        trace::span("ready " + std::to_string(b.position), "data", std::min(p.landed, now), now,
+                    {{"batch", position}, {"consumed", std::string("yes")}});
+      }
       return b;
     }
     if (live_daemons() == 0) {

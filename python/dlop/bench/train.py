@@ -1,0 +1,530 @@
+"""python -m dlop.bench.train: a whole DDP training step, data pipeline and all-reduce together.
+
+    python -m dlop.bench.train --json train.json --report DIR             # all ranks on this host
+    python -m dlop.bench.train --hosts 3 --link 1gbit --report DIR        # 2 trainer hosts + 1 offloader host
+
+DDP trains a small CNN on the built-in ImageNet-like image folder (``dlop
+make-dataset``; JPEG decode, RandomResizedCrop, horizontal flip, normalise).
+Rows, same run, same seed, same model and batches:
+
+* ``stock``: DDP over Gloo, torch's DataLoader (k workers) on each trainer;
+* ``dlop_local``: DDP over dlop, torch's DataLoader on each trainer;
+* ``dlop_offload_unscheduled``: DDP over dlop, batches from dlop-offloader
+  daemons through ``dlop.data.OffloadLoader``, ``DLOP_TRAFFIC_CLASSES=0``;
+* ``dlop_offload``: the same with dlop's traffic scheduling on.
+
+With ``--hosts H`` every process lives in a network-namespace host
+(dlop.bench.netns): ``--ranks-per-host`` (1 or 2) trainer ranks on each of the
+first H - ``--offloader-hosts`` hosts, one daemon on each remaining host, every
+link shaped by ``--link RATE`` (tbf). Without it everything runs on this host.
+
+Offloaded batches travel as uint8 (``--wire uint8``, the default; 4x less than
+float32) and are normalised on the trainer; ``--wire float32`` normalises in
+the daemon. The local DataLoader rows always normalise in their workers.
+
+Definitions, per rank and timed step (a step = ``next(loader)`` + forward +
+backward + optimiser step; a DDP comm hook timestamps each bucket's all-reduce when DDP hands the
+bucket over and when its future completes; each column is the mean over
+timed steps and ranks, so that compute + exposed comm + data stall = step):
+
+* ``data_stall_ms``: time blocked in ``next(loader)`` (and, for uint8, the
+  conversion to a normalised float batch is compute, not stall);
+* ``exposed_comm_ms``: from the moment the last bucket was handed over (the
+  backward pass has then computed every gradient) to the completion of the
+  last bucket to finish; the communication backward could not hide;
+* ``compute_ms``: step - data stall - exposed comm;
+* ``samples_per_s``: ranks x batch x timed steps / the slowest rank's time;
+* ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations (hand
+  over to completion) during training, every bucket of every timed step and
+  rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket sizes,
+  same group) run one at a time after training, the loader stopped, so no
+  data moves; p99 over ``--idle-reps`` rounds and every rank.
+
+``--runs R`` repeats the four configurations R times in turn, each run a fresh
+set of processes and process group; each column is the median over runs.
+``--trace DIR`` sets ``DLOP_TRACE=DIR`` for the last configuration's processes
+(each writes a Chrome trace of its collectives; dlop ranks and daemons only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlop.bench import _common, train_report
+
+CONFIGS = ("stock", "dlop_local", "dlop_offload_unscheduled", "dlop_offload")
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+RUN_TIMEOUT_S = 900
+
+
+# --- arguments ----------------------------------------------------------
+
+def parse_link(text: str | None) -> tuple[str | None, str | None]:
+    """'RATE[,DELAY]' -> (rate, delay); ValueError naming what is wrong."""
+    if not text:
+        return None, None
+    from dlop.bench.netns import rate_bytes
+
+    rate, _, delay = text.partition(",")
+    rate_bytes(rate)  # ValueError: not a tc rate
+    if delay and not delay.strip().rstrip("unms").replace(".", "", 1).isdigit():
+        raise ValueError(f"not a tc delay: {delay!r} (e.g. 100us, 1ms)")
+    return rate.strip(), delay.strip() or None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dlop.bench.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    p.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (needs root); 0: this host only")
+    p.add_argument("--link", help="RATE[,DELAY] for every host's link, e.g. 1gbit (needs --hosts)")
+    p.add_argument("--ranks", type=int, default=2, help="trainer ranks without --hosts")
+    p.add_argument("--ranks-per-host", type=int, default=1, choices=(1, 2))
+    p.add_argument("--offloader-hosts", type=int, default=1, help="hosts of their own for the daemons (--hosts)")
+    p.add_argument("--data", help="an image folder; default: the built-in dataset, made once")
+    p.add_argument("--images", type=int, default=640, help="images of the built-in dataset (10 classes)")
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output size")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
+    p.add_argument("--hidden", type=int, default=512, help="the model's hidden width (its gradient grows with it)")
+    p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--idle-reps", type=int, default=10, help="rounds of the idle all-reduces")
+    p.add_argument("--runs", type=int, default=1, help="runs of every config (columns: medians over runs)")
+    p.add_argument("--wire", choices=("uint8", "float32"), default="uint8", help="offloaded batches' dtype")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--trace", help="DLOP_TRACE folder for the last config's processes")
+    p.add_argument("--offloader", help="the dlop-offloader executable (default: next to this Python)")
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--report", help="write train.md and train.png here (created)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a rank's JSON spec: run one rank, not the driver
+    args = p.parse_args(argv)
+    if args.worker:
+        return args
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
+        p.error(f"unknown config(s) {args.configs or '(none)'}: choose from {', '.join(CONFIGS)}")
+    try:
+        args.rate, args.delay = parse_link(args.link)
+    except ValueError as e:
+        p.error(f"--link {args.link!r}: {e}")
+    if args.link and not args.hosts:
+        p.error("--link shapes the links between --hosts hosts: give --hosts too")
+    if args.hosts and args.hosts <= args.offloader_hosts:
+        p.error(f"--hosts {args.hosts} leaves no trainer host beside {args.offloader_hosts} offloader host(s)")
+    if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps) < 1:
+        p.error("--ranks, --batch, --steps, --hidden, --workers, --runs and --idle-reps must be at least 1")
+    return args
+
+
+# --- the model and the data (used by the ranks) -------------------------
+
+def make_model(hidden: int, classes: int = 10):
+    """A strided conv stem and a wide fully-connected head: little compute per byte of gradient, so the
+    step's communication is visible on a slow link even with CPU-only training."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 16, kernel_size=8, stride=8), nn.ReLU(), nn.AdaptiveAvgPool2d(12),
+                         nn.Flatten(), nn.Linear(16 * 12 * 12, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def native_spec(size: int, wire: str) -> dict:
+    ops = [{"op": "random_resized_crop", "size": size}, {"op": "hflip", "p": 0.5}]
+    if wire == "float32":
+        ops.append({"op": "normalize", "mean": list(MEAN), "std": list(STD)})
+    return {"ops": ops, "output": wire}
+
+
+class Batches:
+    """Endless (images, labels) for this rank: epochs in turn, float32 normalised images whatever the wire."""
+
+    def __init__(self, spec: dict, rank: int, world: int) -> None:
+        import torch
+
+        self.spec, self.epoch = spec, 0
+        if spec["config"].startswith("dlop_offload"):
+            from dlop.data import OffloadLoader
+
+            self.loader = OffloadLoader(spec["data"], native_spec(spec["size"], spec["wire"]), spec["batch"],
+                                        shuffle=True, seed=0, drop_last=True, offloaders=spec["offloaders"],
+                                        token=spec["token"])
+            if not self.loader.offloaded:
+                raise RuntimeError("no dlop-offloader answered: an offload row would measure local batches")
+            self.sampler = None
+        else:
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            from dlop.bench.offload import torchvision_transform
+            from dlop._torchvision_compat import import_torchvision
+
+            dataset = import_torchvision().datasets.ImageFolder(spec["data"],
+                                                                transform=torchvision_transform(spec["size"]))
+            self.sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
+            self.loader = DataLoader(dataset, batch_size=spec["batch"], sampler=self.sampler, drop_last=True,
+                                     num_workers=spec["workers"], persistent_workers=True, prefetch_factor=2)
+        self.scale = torch.tensor([255 * s for s in STD]).view(1, 3, 1, 1)
+        self.shift = torch.tensor([255 * m for m in MEAN]).view(1, 3, 1, 1)
+        self.it = self._epoch_iter()
+
+    def _epoch_iter(self):
+        (self.sampler or self.loader).set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+    def next_raw(self):
+        """The next batch as the loader gives it (the data wait)."""
+        try:
+            return next(self.it)
+        except StopIteration:
+            self.it = self._epoch_iter()
+            return next(self.it)
+
+    def to_input(self, images):
+        """uint8 CHW -> normalised float32 on the trainer (compute); float32 batches are copied once, as the
+        offloader's buffer is reused at the next batch."""
+        if images.dtype == self.scale.dtype:
+            return images.clone() if self.spec["config"].startswith("dlop_offload") else images
+        return (images.float() - self.shift) / self.scale
+
+    def close(self) -> None:
+        self.it = None
+        self.loader = None
+
+
+# --- one rank -----------------------------------------------------------
+
+class BucketTimer:
+    """A DDP comm hook: all-reduce (mean) each bucket, noting when it was handed over and when it finished."""
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[float, int]] = []  # (time, elements) per bucket this step
+        self.finished: dict[int, float] = {}  # bucket's launch index -> completion time
+
+    def hook(self, group, bucket):
+        import torch.distributed as dist
+
+        tensor = bucket.buffer()
+        index = len(self.launched)
+        self.launched.append((time.perf_counter(), tensor.numel()))
+        world = dist.get_world_size(group)
+        future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(fut):
+            self.finished[index] = time.perf_counter()
+            return fut.value()[0].div_(world)
+
+        return future.then(done)
+
+    def take(self) -> list[tuple[float, float, int]]:
+        """This step's buckets as (handed over, finished, elements); DDP waited for all of them."""
+        buckets = [(t, self.finished[i], n) for i, (t, n) in enumerate(self.launched)]
+        self.launched, self.finished = [], {}
+        return buckets
+
+
+def run_rank(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dlop  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group(backend="gloo" if spec["config"] == "stock" else "dlop")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(make_model(spec["hidden"]), bucket_cap_mb=spec["bucket_cap_mb"])
+    timer = BucketTimer()
+    model.register_comm_hook(None, timer.hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = Batches(spec, rank, world)
+    steps = {"step": [], "data": [], "exposed": [], "allreduce": []}
+    sizes: list[int] = []
+    dist.barrier()
+    for i in range(spec["warmup"] + spec["steps"]):
+        if i == spec["warmup"]:
+            dist.barrier()
+            start = time.perf_counter()
+        t0 = time.perf_counter()
+        images, labels = batches.next_raw()
+        t1 = time.perf_counter()
+        inputs = batches.to_input(images)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), labels).backward()
+        optimizer.step()
+        t2 = time.perf_counter()
+        buckets = timer.take()
+        if i < spec["warmup"]:
+            sizes = [n for _, _, n in buckets]
+            continue
+        steps["step"].append(t2 - t0)
+        steps["data"].append(t1 - t0)
+        steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
+        steps["allreduce"] += [f - t for t, f, _ in buckets]
+    wall = time.perf_counter() - start
+    batches.close()
+    dist.barrier()
+    idle = []
+    for _ in range(spec["idle_reps"]):
+        for n in sizes:
+            tensor = torch.ones(n)
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(tensor)
+            idle.append(time.perf_counter() - t0)
+    result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
+              "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
+    Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --- the driver ---------------------------------------------------------
+
+def offloader_path(explicit: str | None) -> str:
+    from dlop.bench.offload import offloader_path as find
+
+    return find(explicit)
+
+
+class Cluster:
+    """Where each process runs: namespace hosts (--hosts) or this host; starts daemons and ranks there."""
+
+    def __init__(self, args) -> None:
+        self.args, self.hosts = args, None
+        if args.hosts:
+            from dlop.bench import netns
+
+            ok, why = netns.available()
+            if not ok:
+                raise SystemExit(f"--hosts {args.hosts}: network namespaces cannot be made here: {why}")
+            if args.delay and not netns.netem_available():
+                raise SystemExit(f"--link {args.link}: this kernel has no netem qdisc, so a delay cannot be "
+                                 "shaped; give the rate alone")
+            self.hosts = netns.Hosts(args.hosts, rate=args.rate, delay=args.delay)
+            self.trainer_hosts = list(range(args.hosts - args.offloader_hosts))
+            self.offloader_hosts = list(range(len(self.trainer_hosts), args.hosts))
+            self.world = len(self.trainer_hosts) * args.ranks_per_host
+        else:
+            self.trainer_hosts, self.offloader_hosts, self.world = [0], [0], args.ranks
+
+    def addr(self, host: int) -> str:
+        return self.hosts.addrs[host] if self.hosts else "127.0.0.1"
+
+    def rank_host(self, rank: int) -> int:
+        return self.trainer_hosts[rank // self.args.ranks_per_host] if self.hosts else 0
+
+    def popen(self, host: int, argv: list[str], env: dict, **kw) -> subprocess.Popen:
+        if self.hosts:
+            return self.hosts.popen(host, argv, env=env, **kw)
+        return subprocess.Popen(argv, env=env, **kw)
+
+    def describe(self) -> str:
+        if not self.hosts:
+            return f"{self.world} trainer ranks and 1 offloader on this host (loopback, unshaped)"
+        return (f"{len(self.trainer_hosts)} trainer host(s) x {self.args.ranks_per_host} rank(s), "
+                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, every link "
+                f"{self.args.rate or 'unshaped'} (tbf, both directions)")
+
+    def close(self) -> None:
+        if self.hosts:
+            self.hosts.close()
+
+
+def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env: dict) -> tuple[list, list[str]]:
+    procs, addresses = [], []
+    for host in cluster.offloader_hosts:
+        addr = cluster.addr(host)
+        proc = cluster.popen(host, [exe, "--listen", f"{addr}:0", "--token-file", token_file, "--threads",
+                                    str(threads)], env, stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            stop(procs)
+            raise RuntimeError(f"dlop-offloader on {addr} did not start: {line!r}")
+        addresses.append(f"{addr}:{line.strip().rsplit(':', 1)[1]}")
+    return procs, addresses
+
+
+def stop(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, trace: str | None) -> list[dict]:
+    """One fresh process group training under `config`; each rank's measurements."""
+    from dlop.bench.ddp import free_port, rank_env
+
+    out = workdir / config
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, DLOP_TRAFFIC_CLASSES="0" if config == "dlop_offload_unscheduled" else "1")
+    env.pop("DLOP_TRACE", None)
+    if trace:
+        env["DLOP_TRACE"] = trace
+    if cluster.hosts:
+        env["GLOO_SOCKET_IFNAME"] = cluster.hosts.device  # Gloo binds loopback unless told the host's device
+    daemons, addresses, token = [], [], os.urandom(16).hex()
+    log = open(out / "log.txt", "w")
+    ranks = []
+    try:
+        if config.startswith("dlop_offload"):
+            token_file = out / "token"
+            token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
+            daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env)
+        spec = {"config": config, "data": data, "size": args.size, "batch": args.batch, "hidden": args.hidden,
+                "workers": args.workers, "steps": args.steps, "warmup": args.warmup, "idle_reps": args.idle_reps,
+                "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,
+                "offloaders": addresses, "token": token, "out": str(out / "rank.json")}
+        port = free_port()
+        argv = [sys.executable, "-m", "dlop.bench.train", "--worker", json.dumps(spec)]
+        for r in range(cluster.world):
+            host = cluster.rank_host(r)
+            rank_vars = rank_env(r, cluster.world, r % args.ranks_per_host if cluster.hosts else r,
+                                 cluster.addr(cluster.rank_host(0)), port)
+            ranks.append(cluster.popen(host, argv, dict(env, **rank_vars), stdout=log, stderr=subprocess.STDOUT))
+        wait_ranks(ranks, config, out / "log.txt")
+    finally:
+        stop(ranks)
+        stop(daemons)
+        log.close()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(cluster.world)]
+
+
+def wait_ranks(ranks: list, config: str, log: Path) -> None:
+    """Until every rank exits; the first failure stops the run (the others would wait on it)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while any(p.poll() is None for p in ranks) and not any(p.poll() for p in ranks):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    codes = [p.poll() for p in ranks]
+    if any(c != 0 for c in codes):
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{config}: ranks exited {codes} (None: still running at the deadline)\n{tail}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
+    """One run's row from its ranks' measurements (definitions: the module docstring)."""
+    def mean(key):
+        return sum(sum(r[key]) / len(r[key]) for r in ranks) / len(ranks)
+
+    step, data, exposed = (1e3 * mean(k) for k in ("step", "data", "exposed"))
+    durations = [d for r in ranks for d in r["allreduce"]]
+    idle = [d for r in ranks for d in r["idle"]]
+    return {"config": config, "ranks": len(ranks),
+            "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
+            "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
+            "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
+            "allreduce_p99_ms": 1e3 * percentile(durations, 0.99), "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
+            "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per config, each numeric column's median over runs."""
+    rows = []
+    for i, first in enumerate(runs[0]):
+        row = dict(first)
+        for key, value in first.items():
+            if isinstance(value, float):
+                row[key] = _common.median([run[i][key] for run in runs])
+        row["runs"] = len(runs)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        run_rank(json.loads(args.worker))
+        return 0
+    if any(c.startswith("dlop_offload") for c in args.configs):
+        args.offloader_exe = offloader_path(args.offloader)
+    from dlop.bench.offload import builtin_dataset
+
+    data = args.data or builtin_dataset(args.images)
+    cluster = Cluster(args)
+    header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
+                                ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
+                                workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,
+                                wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,
+                                threads_per_rank=args.threads, idle_reps=args.idle_reps)
+    print(_common.header_comment(header))
+    print(f"# {header['command']}")
+    print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
+          f"{args.hidden}; {args.warmup} untimed + {args.steps} timed steps; k = {args.workers}")
+    print(f"# offloaded batches travel as {args.wire}" +
+          (" and are normalised on the trainer" if args.wire == "uint8" else ", normalised by the daemons"))
+    if args.link and not args.delay:
+        print("# links shaped by rate alone (tbf); a delay needs netem" +
+              ("" if cluster.hosts is None or _netem() else ", which this kernel lacks"))
+    workdir = Path(tempfile.mkdtemp(prefix="dlop-bench-train-"))
+    runs = []
+    try:
+        bar = _common.progress(total=args.runs * len(args.configs), desc="train", unit="config")
+        for run in range(args.runs):
+            rows = []
+            for config in args.configs:
+                last = run == args.runs - 1 and config == args.configs[-1]
+                trace = os.path.abspath(args.trace) if args.trace and last else None
+                if trace:
+                    os.makedirs(trace, exist_ok=True)
+                bar.set_postfix_str(config)
+                rows.append(summarise(config, args.batch, run_config(args, cluster, config, data, workdir, trace)))
+                bar.update()
+            runs.append(rows)
+        bar.close()
+    finally:
+        cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = median_rows(runs)
+    train_report.print_table(rows)
+    for line in train_report.ratio_lines(rows):
+        print(f"# {line}")
+    if args.trace:
+        print(f"# traces: {os.path.abspath(args.trace)}/dlop-trace-*.json ({args.configs[-1]}, last run; "
+              "Chrome trace, Perfetto loads it)")
+    if args.json:
+        _common.write_json(args.json, header, rows)
+        print(f"# written to {args.json}")
+    if args.report:
+        written = train_report.write(header, rows, args.report)
+        print(f"# report: {', '.join(written)}")
+    return 0
+
+
+def _netem() -> bool:
+    from dlop.bench.netns import netem_available
+
+    return netem_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

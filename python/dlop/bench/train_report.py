@@ -1,0 +1,90 @@
+"""dlop.bench.train's output: the table, the ratios against the targets, train.md and train.png."""
+
+from __future__ import annotations
+
+import os
+
+from dlop.bench import _common
+
+COLUMNS = ("samples_per_s", "step_ms", "compute_ms", "exposed_comm_ms", "data_stall_ms", "allreduce_p50_ms",
+           "allreduce_p99_ms", "allreduce_p99_idle_ms")
+PARTS = (("compute_ms", "compute", "#4c72b0"), ("exposed_comm_ms", "exposed comm", "#dd8452"),
+         ("data_stall_ms", "data stall", "#c44e52"))
+PNG_SIZE = (800, 450)  # pixels: figsize (8, 4.5) at 100 dpi
+_LINE = "{:>25} " + " ".join(["{:>12}"] * len(COLUMNS))
+
+
+def cell(key: str, value: float) -> str:
+    return f"{value:.1f}" if key == "samples_per_s" else f"{value:.2f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    print(_LINE.format("# config", *COLUMNS))
+    for r in rows:
+        print(_LINE.format(r["config"], *(cell(k, r[k]) for k in COLUMNS)), flush=True)
+
+
+def ratio_lines(rows: list[dict]) -> list[str]:
+    """dlop_offload against its targets and stock, each as a ratio within the run."""
+    by = {r["config"]: r for r in rows}
+    lines = []
+    off, stock = by.get("dlop_offload"), by.get("stock")
+    if off is not None:
+        lines.append(f"dlop_offload allreduce p99 / p99 idle = "
+                     f"{off['allreduce_p99_ms'] / off['allreduce_p99_idle_ms']:.2f} (target <= 1.10)")
+        lines.append(f"dlop_offload data stall / step = {off['data_stall_ms'] / off['step_ms']:.3f} (target <= 0.05)")
+        if stock is not None:
+            lines.append(f"dlop_offload / stock samples/s = {off['samples_per_s'] / stock['samples_per_s']:.2f} "
+                         "(target >= 1.5)")
+    for name in ("dlop_local", "dlop_offload_unscheduled"):
+        if name in by and stock is not None:
+            lines.append(f"{name} / stock samples/s = {by[name]['samples_per_s'] / stock['samples_per_s']:.2f}")
+    if off is not None and "dlop_offload_unscheduled" in by:
+        un = by["dlop_offload_unscheduled"]
+        lines.append(f"allreduce p99 scheduled / unscheduled = {off['allreduce_p99_ms'] / un['allreduce_p99_ms']:.2f}")
+    return lines
+
+
+def markdown(header: dict, rows: list[dict]) -> str:
+    out = [f"# DDP training step: {header.get('placement', '')}", "", "```", header.get("command", ""), "```", "",
+           _common.header_comment(header).lstrip("# ") + ".", "",
+           f"{header['ranks']} ranks x batch {header['batch_per_rank']} at {header['size']} px, model hidden "
+           f"{header['hidden']}, {header['warmup']} untimed + {header['steps']} timed steps, k = {header['workers']}, "
+           f"offloaded batches as {header['wire']}, median of {header['runs']} run(s). Definitions: the docstring of "
+           "`python/dlop/bench/train.py`.", "",
+           "| config | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for r in rows:
+        out.append(f"| {r['config']} | " + " | ".join(cell(k, r[k]) for k in COLUMNS) + " |")
+    out += ["", *(f"- {line}" for line in ratio_lines(rows)), "", "![step time per config](train.png)", ""]
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(PNG_SIZE[0] / 100, PNG_SIZE[1] / 100), dpi=100)
+    names = [r["config"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for key, label, colour in PARTS:
+        values = [r[key] for r in rows]
+        ax.barh(names, values, left=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (mean over timed steps and ranks)")
+    ax.set_title("Where a DDP step's time goes")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(header: dict, rows: list[dict], folder: str) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    md, png = os.path.join(folder, "train.md"), os.path.join(folder, "train.png")
+    with open(md, "w") as f:
+        f.write(markdown(header, rows))
+    plot(rows, png)
+    return [md, png]

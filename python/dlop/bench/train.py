@@ -260,7 +260,7 @@ def run_rank(spec: dict) -> None:
         t0 = time.perf_counter()
         images, labels = batches.next_raw()
         t1 = time.perf_counter()
-        inputs = batches.to_input(images)
+        inputs, labels = batches.to_input(images), labels.long()
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model(inputs), labels).backward()
         optimizer.step()
@@ -343,12 +343,13 @@ class Cluster:
             self.hosts.close()
 
 
-def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env: dict) -> tuple[list, list[str]]:
+def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env: dict, log) -> tuple[list, list[str]]:
+    """One dlop-offloader per offloader host (its log lines go to `log`); the processes and their addresses."""
     procs, addresses = [], []
     for host in cluster.offloader_hosts:
         addr = cluster.addr(host)
         proc = cluster.popen(host, [exe, "--listen", f"{addr}:0", "--token-file", token_file, "--threads",
-                                    str(threads)], env, stdout=subprocess.PIPE, text=True)
+                                    str(threads)], env, stdout=subprocess.PIPE, stderr=log, text=True)
         procs.append(proc)
         line = proc.stdout.readline()
         if "listening on" not in line:
@@ -391,7 +392,8 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
             token_file = out / "token"
             token_file.write_text(token + "\n")
             token_file.chmod(0o600)
-            daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env)
+            daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env,
+                                               log)
         spec = {"config": config, "data": data, "size": args.size, "batch": args.batch, "hidden": args.hidden,
                 "workers": args.workers, "steps": args.steps, "warmup": args.warmup, "idle_reps": args.idle_reps,
                 "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,

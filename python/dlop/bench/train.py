@@ -27,8 +27,8 @@ backward + optimiser step; a DDP comm hook timestamps each bucket's all-reduce w
 bucket over and when its future completes; each column is the mean over
 timed steps and ranks, so that compute + exposed comm + data stall = step):
 
-* ``data_stall_ms``: time blocked in ``next(loader)`` (and, for uint8, the
-  conversion to a normalised float batch is compute, not stall);
+* ``data_stall_ms``: time blocked in ``next(loader)``; turning a uint8 batch
+  into normalised floats counts as compute;
 * ``exposed_comm_ms``: from the moment the last bucket was handed over (the
   backward pass has then computed every gradient) to the completion of the
   last bucket to finish; the communication backward could not hide;
@@ -37,8 +37,11 @@ timed steps and ranks, so that compute + exposed comm + data stall = step):
 * ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations (hand
   over to completion) during training, every bucket of every timed step and
   rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket sizes,
-  same group) run one at a time after training, the loader stopped, so no
-  data moves; p99 over ``--idle-reps`` rounds and every rank.
+  same group, handed over at the same offsets within the step as in
+  training, median offsets) replayed after training with the loader stopped,
+  so no data moves and nothing computes; p99 over ``--idle-reps`` rounds and
+  every rank. A bucket's duration includes waiting behind the buckets handed
+  over before it, in training and in the replay alike.
 
 ``--runs R`` repeats the four configurations R times in turn, each run a fresh
 set of processes and process group; each column is the median over runs.
@@ -197,8 +200,12 @@ class Batches:
         return (images.float() - self.shift) / self.scale
 
     def close(self) -> None:
+        """Stops the loader (its workers, its leases and prefetching), so that no more data moves."""
+        import gc
+
         self.it = None
         self.loader = None
+        gc.collect()
 
 
 # --- one rank -----------------------------------------------------------
@@ -251,7 +258,7 @@ def run_rank(spec: dict) -> None:
     loss_fn = nn.CrossEntropyLoss()
     batches = Batches(spec, rank, world)
     steps = {"step": [], "data": [], "exposed": [], "allreduce": []}
-    sizes: list[int] = []
+    launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
     dist.barrier()
     for i in range(spec["warmup"] + spec["steps"]):
         if i == spec["warmup"]:
@@ -267,28 +274,44 @@ def run_rank(spec: dict) -> None:
         t2 = time.perf_counter()
         buckets = timer.take()
         if i < spec["warmup"]:
-            sizes = [n for _, _, n in buckets]
             continue
+        launches.append([(t - buckets[0][0], n) for t, _, n in buckets])
         steps["step"].append(t2 - t0)
         steps["data"].append(t1 - t0)
         steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
         steps["allreduce"] += [f - t for t, f, _ in buckets]
     wall = time.perf_counter() - start
     batches.close()
-    dist.barrier()
-    idle = []
-    for _ in range(spec["idle_reps"]):
-        for n in sizes:
-            tensor = torch.ones(n)
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(tensor)
-            idle.append(time.perf_counter() - t0)
+    # DDP may rebuild its buckets after the first step: the last step's are the ones it keeps.
+    sizes = [n for _, n in launches[-1]]
+    alike = [step for step in launches if [n for _, n in step] == sizes]
+    offsets = [_common.median([step[b][0] for step in alike]) for b in range(len(sizes))]
+    idle = replay_buckets(sizes, offsets, spec["idle_reps"])
     result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
               "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
     Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def replay_buckets(sizes: list[int], offsets: list[float], reps: int) -> list[float]:
+    """The training step's bucket all-reduces again, same sizes and same hand-over times, with no data
+    moving and nothing computing; each one's duration, measured as the comm hook measures it."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.ones(n) for n in sizes]
+    durations = []
+    for _ in range(reps):
+        dist.barrier()
+        start, futures = time.perf_counter(), []
+        for tensor, offset in zip(tensors, offsets):
+            time.sleep(max(0.0, start + offset - time.perf_counter()))
+            launched = time.perf_counter()
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            futures.append(future.then(lambda _, t=launched: time.perf_counter() - t))
+        durations += [f.wait() for f in futures]
+    return durations
 
 
 # --- the driver ---------------------------------------------------------

@@ -79,3 +79,15 @@ def test_bench_train_refuses_a_bad_link(link, why, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--link" in err and why in err, err
+
+
+def test_bench_train_refuses_a_delay_without_netem(capsys):
+    from dlop.bench import netns
+
+    if not netns.available()[0]:
+        pytest.skip(f"network namespaces: {netns.available()[1]}")
+    if netns.netem_available():
+        pytest.skip("this kernel has netem: a delay is shaped, not refused")
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--hosts", "2", "--link", "1gbit,100us", "--configs", "stock"])
+    assert "no netem" in str(exit_.value) and "--link 1gbit,100us" in str(exit_.value)

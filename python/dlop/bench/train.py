@@ -494,8 +494,8 @@ def main(argv=None) -> int:
         args.offloader_exe = offloader_path(args.offloader)
     from dlop.bench.offload import builtin_dataset
 
+    cluster = Cluster(args)  # refuses hosts or a link this machine cannot make, before anything runs
     data = args.data or builtin_dataset(args.images)
-    cluster = Cluster(args)
     header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
                                 ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
                                 workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,

@@ -96,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("--images", type=int, default=640, help="images of the built-in dataset (10 classes)")
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output size")
     p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
-    p.add_argument("--hidden", type=int, default=512, help="the model's hidden width (its gradient grows with it)")
+    p.add_argument("--hidden", type=int, default=2048, help="the model's hidden width (its gradient grows with it)")
     p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -500,7 +500,9 @@ def main(argv=None) -> int:
                                 ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
                                 workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,
                                 wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,
-                                threads_per_rank=args.threads, idle_reps=args.idle_reps)
+                                threads_per_rank=args.threads, idle_reps=args.idle_reps,
+                                trainer_hosts=len(cluster.trainer_hosts), offloader_hosts=len(cluster.offloader_hosts),
+                                link_bytes_per_s=_rate_bytes(args.rate))
     print(_common.header_comment(header))
     print(f"# {header['command']}")
     print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
@@ -531,7 +533,7 @@ def main(argv=None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = median_rows(runs)
     train_report.print_table(rows)
-    for line in train_report.ratio_lines(rows):
+    for line in train_report.traffic_lines(header, rows) + train_report.ratio_lines(rows):
         print(f"# {line}")
     if args.trace:
         print(f"# traces: {os.path.abspath(args.trace)}/dlop-trace-*.json ({args.configs[-1]}, last run; "
@@ -543,6 +545,12 @@ def main(argv=None) -> int:
         written = train_report.write(header, rows, args.report)
         print(f"# report: {', '.join(written)}")
     return 0
+
+
+def _rate_bytes(rate: str | None) -> float | None:
+    from dlop.bench.netns import rate_bytes
+
+    return rate_bytes(rate) if rate else None
 
 
 def _netem() -> bool:

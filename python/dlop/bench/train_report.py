@@ -45,6 +45,24 @@ def ratio_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def traffic_lines(header: dict, rows: list[dict]) -> list[str]:
+    """What one step moves, and how long the shaped link needs for it (is the link the bound?)."""
+    pixel_bytes = 1 if header["wire"] == "uint8" else 4
+    batch = header["batch_per_rank"] * 3 * header["size"] ** 2 * pixel_bytes
+    gradient = rows[0]["gradient_mib"] * 2**20
+    lines = [f"per step and rank: {gradient / 2**20:.1f} MiB of gradient all-reduced in {rows[0]['buckets']} "
+             f"bucket(s); an offloaded batch is {batch / 2**20:.2f} MiB ({header['wire']})"]
+    rate, hosts = header.get("link_bytes_per_s"), header.get("trainer_hosts", 1)
+    if rate and hosts > 1:
+        ring = 2 * (hosts - 1) / hosts * gradient / rate
+        per_host = header["ranks"] // hosts
+        lines.append(f"at the link's rate: the all-reduce needs >= {1e3 * ring:.0f} ms per step (ring over "
+                     f"{hosts} hosts), a trainer host's batches {1e3 * per_host * batch / rate:.0f} ms, the "
+                     f"offloader host's {1e3 * header['ranks'] * batch / rate / header['offloader_hosts']:.0f} ms; "
+                     f"the fastest config computes {min(r['compute_ms'] for r in rows):.0f} ms per step")
+    return lines
+
+
 def markdown(header: dict, rows: list[dict]) -> str:
     out = [f"# DDP training step: {header.get('placement', '')}", "", "```", header.get("command", ""), "```", "",
            _common.header_comment(header).lstrip("# ") + ".", "",
@@ -55,7 +73,8 @@ def markdown(header: dict, rows: list[dict]) -> str:
            "| config | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for r in rows:
         out.append(f"| {r['config']} | " + " | ".join(cell(k, r[k]) for k in COLUMNS) + " |")
-    out += ["", *(f"- {line}" for line in ratio_lines(rows)), "", "![step time per config](train.png)", ""]
+    out += ["", *(f"- {line}" for line in traffic_lines(header, rows) + ratio_lines(rows)), "",
+            "![step time per config](train.png)", ""]
     return "\n".join(out)
 
 

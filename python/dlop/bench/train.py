@@ -503,8 +503,8 @@ def main(argv=None) -> int:
                                 threads_per_rank=args.threads, idle_reps=args.idle_reps,
                                 trainer_hosts=len(cluster.trainer_hosts), offloader_hosts=len(cluster.offloader_hosts),
                                 link_bytes_per_s=_rate_bytes(args.rate))
-    print(_common.header_comment(header))
     print(f"# {header['command']}")
+    print(_common.header_comment(header))
     print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
           f"{args.hidden}; {args.warmup} untimed + {args.steps} timed steps; k = {args.workers}")
     print(f"# offloaded batches travel as {args.wire}" +

@@ -44,9 +44,14 @@ timed steps and ranks, so that compute + exposed comm + data stall = step):
   over before it, in training and in the replay alike.
 
 ``--runs R`` repeats the four configurations R times in turn, each run a fresh
-set of processes and process group; each column is the median over runs.
+set of processes and process group; each column is the median over runs, and
+each ratio is taken within a run, then the median over runs.
+The ranks run ``dlop.bench.train_rank`` (the model, the loaders, the comm
+hook, the idle replay); the table, markdown and PNG come from
+``dlop.bench.train_report``.
+
 ``--trace DIR`` sets ``DLOP_TRACE=DIR`` for the last configuration's processes
-(each writes a Chrome trace of its collectives; dlop ranks and daemons only).
+(each dlop rank writes a Chrome trace of its collectives; the daemons write none).
 """
 
 from __future__ import annotations
@@ -65,7 +70,6 @@ from pathlib import Path
 from dlop.bench import _common, train_report
 
 CONFIGS = ("stock", "dlop_local", "dlop_offload_unscheduled", "dlop_offload")
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 RUN_TIMEOUT_S = 900
 
 
@@ -100,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--idle-reps", type=int, default=10, help="rounds of the idle all-reduces")
+    p.add_argument("--idle-reps", type=int, default=20, help="rounds of the idle all-reduces")
     p.add_argument("--runs", type=int, default=1, help="runs of every config (columns: medians over runs)")
     p.add_argument("--wire", choices=("uint8", "float32"), default="uint8", help="offloaded batches' dtype")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -109,10 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--offloader", help="the dlop-offloader executable (default: next to this Python)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--report", help="write train.md and train.png here (created)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)  # a rank's JSON spec: run one rank, not the driver
     args = p.parse_args(argv)
-    if args.worker:
-        return args
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
         p.error(f"unknown config(s) {args.configs or '(none)'}: choose from {', '.join(CONFIGS)}")
@@ -127,191 +128,6 @@ def parse_args(argv=None):
     if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps) < 1:
         p.error("--ranks, --batch, --steps, --hidden, --workers, --runs and --idle-reps must be at least 1")
     return args
-
-
-# --- the model and the data (used by the ranks) -------------------------
-
-def make_model(hidden: int, classes: int = 10):
-    """A strided conv stem and a wide fully-connected head: little compute per byte of gradient, so the
-    step's communication is visible on a slow link even with CPU-only training."""
-    from torch import nn
-
-    return nn.Sequential(nn.Conv2d(3, 16, kernel_size=8, stride=8), nn.ReLU(), nn.AdaptiveAvgPool2d(12),
-                         nn.Flatten(), nn.Linear(16 * 12 * 12, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                         nn.ReLU(), nn.Linear(hidden, classes))
-
-
-def native_spec(size: int, wire: str) -> dict:
-    ops = [{"op": "random_resized_crop", "size": size}, {"op": "hflip", "p": 0.5}]
-    if wire == "float32":
-        ops.append({"op": "normalize", "mean": list(MEAN), "std": list(STD)})
-    return {"ops": ops, "output": wire}
-
-
-class Batches:
-    """Endless (images, labels) for this rank: epochs in turn, float32 normalised images whatever the wire."""
-
-    def __init__(self, spec: dict, rank: int, world: int) -> None:
-        import torch
-
-        self.spec, self.epoch = spec, 0
-        if spec["config"].startswith("dlop_offload"):
-            from dlop.data import OffloadLoader
-
-            self.loader = OffloadLoader(spec["data"], native_spec(spec["size"], spec["wire"]), spec["batch"],
-                                        shuffle=True, seed=0, drop_last=True, offloaders=spec["offloaders"],
-                                        token=spec["token"])
-            if not self.loader.offloaded:
-                raise RuntimeError("no dlop-offloader answered: an offload row would measure local batches")
-            self.sampler = None
-        else:
-            from torch.utils.data import DataLoader, DistributedSampler
-
-            from dlop.bench.offload import torchvision_transform
-            from dlop._torchvision_compat import import_torchvision
-
-            dataset = import_torchvision().datasets.ImageFolder(spec["data"],
-                                                                transform=torchvision_transform(spec["size"]))
-            self.sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
-            self.loader = DataLoader(dataset, batch_size=spec["batch"], sampler=self.sampler, drop_last=True,
-                                     num_workers=spec["workers"], persistent_workers=True, prefetch_factor=2)
-        self.scale = torch.tensor([255 * s for s in STD]).view(1, 3, 1, 1)
-        self.shift = torch.tensor([255 * m for m in MEAN]).view(1, 3, 1, 1)
-        self.it = self._epoch_iter()
-
-    def _epoch_iter(self):
-        (self.sampler or self.loader).set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
-
-    def next_raw(self):
-        """The next batch as the loader gives it (the data wait)."""
-        try:
-            return next(self.it)
-        except StopIteration:
-            self.it = self._epoch_iter()
-            return next(self.it)
-
-    def to_input(self, images):
-        """uint8 CHW -> normalised float32 on the trainer (compute); float32 batches are copied once, as the
-        offloader's buffer is reused at the next batch."""
-        if images.dtype == self.scale.dtype:
-            return images.clone() if self.spec["config"].startswith("dlop_offload") else images
-        return (images.float() - self.shift) / self.scale
-
-    def close(self) -> None:
-        """Stops the loader (its workers, its leases and prefetching), so that no more data moves."""
-        import gc
-
-        self.it = None
-        self.loader = None
-        gc.collect()
-
-
-# --- one rank -----------------------------------------------------------
-
-class BucketTimer:
-    """A DDP comm hook: all-reduce (mean) each bucket, noting when it was handed over and when it finished."""
-
-    def __init__(self) -> None:
-        self.launched: list[tuple[float, int]] = []  # (time, elements) per bucket this step
-        self.finished: dict[int, float] = {}  # bucket's launch index -> completion time
-
-    def hook(self, group, bucket):
-        import torch.distributed as dist
-
-        tensor = bucket.buffer()
-        index = len(self.launched)
-        self.launched.append((time.perf_counter(), tensor.numel()))
-        world = dist.get_world_size(group)
-        future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done(fut):
-            self.finished[index] = time.perf_counter()
-            return fut.value()[0].div_(world)
-
-        return future.then(done)
-
-    def take(self) -> list[tuple[float, float, int]]:
-        """This step's buckets as (handed over, finished, elements); DDP waited for all of them."""
-        buckets = [(t, self.finished[i], n) for i, (t, n) in enumerate(self.launched)]
-        self.launched, self.finished = [], {}
-        return buckets
-
-
-def run_rank(spec: dict) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import dlop  # noqa: F401  (registers the backend)
-
-    torch.set_num_threads(spec["threads"])
-    dist.init_process_group(backend="gloo" if spec["config"] == "stock" else "dlop")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = DDP(make_model(spec["hidden"]), bucket_cap_mb=spec["bucket_cap_mb"])
-    timer = BucketTimer()
-    model.register_comm_hook(None, timer.hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    batches = Batches(spec, rank, world)
-    steps = {"step": [], "data": [], "exposed": [], "allreduce": []}
-    launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
-    dist.barrier()
-    for i in range(spec["warmup"] + spec["steps"]):
-        if i == spec["warmup"]:
-            dist.barrier()
-            start = time.perf_counter()
-        t0 = time.perf_counter()
-        images, labels = batches.next_raw()
-        t1 = time.perf_counter()
-        inputs, labels = batches.to_input(images), labels.long()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), labels).backward()
-        optimizer.step()
-        t2 = time.perf_counter()
-        buckets = timer.take()
-        if i < spec["warmup"]:
-            continue
-        launches.append([(t - buckets[0][0], n) for t, _, n in buckets])
-        steps["step"].append(t2 - t0)
-        steps["data"].append(t1 - t0)
-        steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
-        steps["allreduce"] += [f - t for t, f, _ in buckets]
-    wall = time.perf_counter() - start
-    batches.close()
-    # DDP may rebuild its buckets after the first step: the last step's are the ones it keeps.
-    sizes = [n for _, n in launches[-1]]
-    alike = [step for step in launches if [n for _, n in step] == sizes]
-    offsets = [_common.median([step[b][0] for step in alike]) for b in range(len(sizes))]
-    idle = replay_buckets(sizes, offsets, spec["idle_reps"])
-    result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
-              "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
-    Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def replay_buckets(sizes: list[int], offsets: list[float], reps: int) -> list[float]:
-    """The training step's bucket all-reduces again, same sizes and same hand-over times, with no data
-    moving and nothing computing; each one's duration, measured as the comm hook measures it."""
-    import torch
-    import torch.distributed as dist
-
-    tensors = [torch.ones(n) for n in sizes]
-    durations = []
-    for _ in range(reps):
-        dist.barrier()
-        start, futures = time.perf_counter(), []
-        for tensor, offset in zip(tensors, offsets):
-            time.sleep(max(0.0, start + offset - time.perf_counter()))
-            launched = time.perf_counter()
-            future = dist.all_reduce(tensor, async_op=True).get_future()
-            futures.append(future.then(lambda _, t=launched: time.perf_counter() - t))
-        durations += [f.wait() for f in futures]
-    return durations
 
 
 # --- the driver ---------------------------------------------------------
@@ -357,9 +173,9 @@ class Cluster:
     def describe(self) -> str:
         if not self.hosts:
             return f"{self.world} trainer ranks and 1 offloader on this host (loopback, unshaped)"
+        shaping = f"every link {self.args.rate} (tbf, both directions)" if self.args.rate else "links unshaped"
         return (f"{len(self.trainer_hosts)} trainer host(s) x {self.args.ranks_per_host} rank(s), "
-                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, every link "
-                f"{self.args.rate or 'unshaped'} (tbf, both directions)")
+                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, {shaping}")
 
     def close(self) -> None:
         if self.hosts:
@@ -422,7 +238,7 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
                 "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,
                 "offloaders": addresses, "token": token, "out": str(out / "rank.json")}
         port = free_port()
-        argv = [sys.executable, "-m", "dlop.bench.train", "--worker", json.dumps(spec)]
+        argv = [sys.executable, "-m", "dlop.bench.train_rank", json.dumps(spec)]
         for r in range(cluster.world):
             host = cluster.rank_host(r)
             rank_vars = rank_env(r, cluster.world, r % args.ranks_per_host if cluster.hosts else r,
@@ -468,7 +284,8 @@ def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
             "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
             "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
             "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
-            "allreduce_p99_ms": 1e3 * percentile(durations, 0.99), "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
+            "allreduce_p99_ms": 1e3 * percentile(durations, 0.99),
+            "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
             "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
 
 
@@ -487,9 +304,6 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.worker:
-        run_rank(json.loads(args.worker))
-        return 0
     if any(c.startswith("dlop_offload") for c in args.configs):
         args.offloader_exe = offloader_path(args.offloader)
     from dlop.bench.offload import builtin_dataset
@@ -533,16 +347,17 @@ def main(argv=None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = median_rows(runs)
     train_report.print_table(rows)
-    for line in train_report.traffic_lines(header, rows) + train_report.ratio_lines(rows):
+    for line in train_report.traffic_lines(header, rows) + train_report.ratio_lines(runs):
         print(f"# {line}")
     if args.trace:
         print(f"# traces: {os.path.abspath(args.trace)}/dlop-trace-*.json ({args.configs[-1]}, last run; "
               "Chrome trace, Perfetto loads it)")
     if args.json:
-        _common.write_json(args.json, header, rows)
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        _common.write_json(args.json, dict(header, ratios=train_report.ratio_lines(runs)), rows)
         print(f"# written to {args.json}")
     if args.report:
-        written = train_report.write(header, rows, args.report)
+        written = train_report.write(header, rows, runs, args.report)
         print(f"# report: {', '.join(written)}")
     return 0
 

@@ -24,24 +24,37 @@ def print_table(rows: list[dict]) -> None:
         print(_LINE.format(r["config"], *(cell(k, r[k]) for k in COLUMNS)), flush=True)
 
 
-def ratio_lines(rows: list[dict]) -> list[str]:
-    """dlop_offload against its targets and stock, each as a ratio within the run."""
+def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
+    """(what, ratio, target or "") within one run: dlop_offload against its targets, every config against stock
+    and against its own idle all-reduce."""
     by = {r["config"]: r for r in rows}
-    lines = []
+    out = []
     off, stock = by.get("dlop_offload"), by.get("stock")
     if off is not None:
-        lines.append(f"dlop_offload allreduce p99 / p99 idle = "
-                     f"{off['allreduce_p99_ms'] / off['allreduce_p99_idle_ms']:.2f} (target <= 1.10)")
-        lines.append(f"dlop_offload data stall / step = {off['data_stall_ms'] / off['step_ms']:.3f} (target <= 0.05)")
+        out.append(("dlop_offload data stall / step", off["data_stall_ms"] / off["step_ms"], "<= 0.05"))
         if stock is not None:
-            lines.append(f"dlop_offload / stock samples/s = {off['samples_per_s'] / stock['samples_per_s']:.2f} "
-                         "(target >= 1.5)")
+            out.append(("dlop_offload / stock samples/s", off["samples_per_s"] / stock["samples_per_s"], ">= 1.5"))
+    for r in rows:
+        out.append((f"{r['config']} allreduce p99 / p99 idle", r["allreduce_p99_ms"] / r["allreduce_p99_idle_ms"],
+                    "<= 1.10" if r["config"] == "dlop_offload" else ""))
     for name in ("dlop_local", "dlop_offload_unscheduled"):
         if name in by and stock is not None:
-            lines.append(f"{name} / stock samples/s = {by[name]['samples_per_s'] / stock['samples_per_s']:.2f}")
+            out.append((f"{name} / stock samples/s", by[name]["samples_per_s"] / stock["samples_per_s"], ""))
     if off is not None and "dlop_offload_unscheduled" in by:
         un = by["dlop_offload_unscheduled"]
-        lines.append(f"allreduce p99 scheduled / unscheduled = {off['allreduce_p99_ms'] / un['allreduce_p99_ms']:.2f}")
+        out.append(("allreduce p99 scheduled / unscheduled", off["allreduce_p99_ms"] / un["allreduce_p99_ms"], ""))
+    return out
+
+
+def ratio_lines(runs: list[list[dict]]) -> list[str]:
+    """Each ratio taken within a run, then the median over runs (with the runs' range when more than one)."""
+    per_run = [ratios(rows) for rows in runs]
+    lines = []
+    for i, (what, _, target) in enumerate(per_run[0]):
+        values = [run[i][1] for run in per_run]
+        spread = f" (runs {min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
+        goal = f"; target {target}" if target else ""
+        lines.append(f"{what} = {_common.median(values):.2f}{spread}{goal}")
     return lines
 
 
@@ -63,7 +76,7 @@ def traffic_lines(header: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(header: dict, rows: list[dict]) -> str:
+def markdown(header: dict, rows: list[dict], runs: list[list[dict]]) -> str:
     out = [f"# DDP training step: {header.get('placement', '')}", "", "```", header.get("command", ""), "```", "",
            _common.header_comment(header).lstrip("# ") + ".", "",
            f"{header['ranks']} ranks x batch {header['batch_per_rank']} at {header['size']} px, model hidden "
@@ -73,7 +86,7 @@ def markdown(header: dict, rows: list[dict]) -> str:
            "| config | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for r in rows:
         out.append(f"| {r['config']} | " + " | ".join(cell(k, r[k]) for k in COLUMNS) + " |")
-    out += ["", *(f"- {line}" for line in traffic_lines(header, rows) + ratio_lines(rows)), "",
+    out += ["", *(f"- {line}" for line in traffic_lines(header, rows) + ratio_lines(runs)), "",
             "![step time per config](train.png)", ""]
     return "\n".join(out)
 
@@ -100,10 +113,10 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def write(header: dict, rows: list[dict], folder: str) -> list[str]:
+def write(header: dict, rows: list[dict], runs: list[list[dict]], folder: str) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     md, png = os.path.join(folder, "train.md"), os.path.join(folder, "train.png")
     with open(md, "w") as f:
-        f.write(markdown(header, rows))
+        f.write(markdown(header, rows, runs))
     plot(rows, png)
     return [md, png]

@@ -107,7 +107,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (mean over timed steps and ranks)")
     ax.set_title("Where a DDP step's time goes")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(PARTS), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -91,3 +91,13 @@ def test_bench_train_refuses_a_delay_without_netem(capsys):
     with pytest.raises(SystemExit) as exit_:
         train.main(["--hosts", "2", "--link", "1gbit,100us", "--configs", "stock"])
     assert "no netem" in str(exit_.value) and "--link 1gbit,100us" in str(exit_.value)
+
+
+@pytest.mark.parametrize("argv, why", [(["--configs", "stock,fast"], "unknown config(s) fast"),
+                                       (["--hosts", "1"], "leaves no trainer host"),
+                                       (["--steps", "0"], "must be at least 1")])
+def test_bench_train_refuses_bad_arguments(argv, why, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    assert exit_.value.code == 2
+    assert why in capsys.readouterr().err

@@ -116,7 +116,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
-        p.error(f"unknown config(s) {args.configs or '(none)'}: choose from {', '.join(CONFIGS)}")
+        p.error(f"unknown config(s) {', '.join(unknown) if args.configs else '(none)'}: choose from "
+                f"{', '.join(CONFIGS)}")
     try:
         args.rate, args.delay = parse_link(args.link)
     except ValueError as e:
@@ -125,8 +126,10 @@ def parse_args(argv=None):
         p.error("--link shapes the links between --hosts hosts: give --hosts too")
     if args.hosts and args.hosts <= args.offloader_hosts:
         p.error(f"--hosts {args.hosts} leaves no trainer host beside {args.offloader_hosts} offloader host(s)")
-    if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps) < 1:
-        p.error("--ranks, --batch, --steps, --hidden, --workers, --runs and --idle-reps must be at least 1")
+    if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps,
+           args.offloader_hosts) < 1:
+        p.error("--ranks, --batch, --steps, --hidden, --workers, --runs, --idle-reps and --offloader-hosts must be "
+                "at least 1")
     return args
 
 

@@ -1,0 +1,381 @@
+"""python -m dlop.bench.train: a whole DDP training step, data pipeline and all-reduce together.
+
+    python -m dlop.bench.train --json train.json --report DIR             # all ranks on this host
+    python -m dlop.bench.train --hosts 3 --link 1gbit --report DIR        # 2 trainer hosts + 1 offloader host
+
+DDP trains a small CNN on the built-in ImageNet-like image folder (``dlop
+make-dataset``; JPEG decode, RandomResizedCrop, horizontal flip, normalise).
+Rows, same run, same seed, same model and batches:
+
+* ``stock``: DDP over Gloo, torch's DataLoader (k workers) on each trainer;
+* ``dlop_local``: DDP over dlop, torch's DataLoader on each trainer;
+* ``dlop_offload_unscheduled``: DDP over dlop, batches from dlop-offloader
+  daemons through ``dlop.data.OffloadLoader``, ``DLOP_TRAFFIC_CLASSES=0``;
+* ``dlop_offload``: the same with dlop's traffic scheduling on.
+
+With ``--hosts H`` every process lives in a network-namespace host
+(dlop.bench.netns): ``--ranks-per-host`` (1 or 2) trainer ranks on each of the
+first H - ``--offloader-hosts`` hosts, one daemon on each remaining host, every
+link shaped by ``--link RATE`` (tbf). Without it everything runs on this host.
+
+Offloaded batches travel as uint8 (``--wire uint8``, the default; 4x less than
+float32) and are normalised on the trainer; ``--wire float32`` normalises in
+the daemon. The local DataLoader rows always normalise in their workers.
+
+Definitions, per rank and timed step (a step = ``next(loader)`` + forward +
+backward + optimiser step; a DDP comm hook timestamps each bucket's all-reduce when DDP hands the
+bucket over and when its future completes; each column is the mean over
+timed steps and ranks, so that compute + exposed comm + data stall = step):
+
+* ``data_stall_ms``: time blocked in ``next(loader)``; turning a uint8 batch
+  into normalised floats counts as compute;
+* ``exposed_comm_ms``: from the moment the last bucket was handed over (the
+  backward pass has then computed every gradient) to the completion of the
+  last bucket to finish; the communication backward could not hide;
+* ``compute_ms``: step - data stall - exposed comm;
+* ``samples_per_s``: ranks x batch x timed steps / the slowest rank's time;
+* ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations (hand
+  over to completion) during training, every bucket of every timed step and
+  rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket sizes,
+  same group, handed over at the same offsets within the step as in
+  training, median offsets) replayed after training with the loader stopped,
+  so no data moves and nothing computes; p99 over ``--idle-reps`` rounds and
+  every rank. A bucket's duration includes waiting behind the buckets handed
+  over before it, in training and in the replay alike.
+
+``--runs R`` repeats the four configurations R times in turn, each run a fresh
+set of processes and process group; each column is the median over runs, and
+each ratio is taken within a run, then the median over runs.
+The ranks run ``dlop.bench.train_rank`` (the model, the loaders, the comm
+hook, the idle replay); the table, markdown and PNG come from
+``dlop.bench.train_report``.
+
+``--trace DIR`` sets ``DLOP_TRACE=DIR`` for the last configuration's processes
+(each dlop rank writes a Chrome trace of its collectives; the daemons write none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlop.bench import _common, train_report
+
+CONFIGS = ("stock", "dlop_local", "dlop_offload_unscheduled", "dlop_offload")
+RUN_TIMEOUT_S = 900
+
+
+# --- arguments ----------------------------------------------------------
+
+def parse_link(text: str | None) -> tuple[str | None, str | None]:
+    """'RATE[,DELAY]' -> (rate, delay); ValueError naming what is wrong."""
+    if not text:
+        return None, None
+    from dlop.bench.netns import rate_bytes
+
+    rate, _, delay = text.partition(",")
+    rate_bytes(rate)  # ValueError: not a tc rate
+    if delay and not delay.strip().rstrip("unms").replace(".", "", 1).isdigit():
+        raise ValueError(f"not a tc delay: {delay!r} (e.g. 100us, 1ms)")
+    return rate.strip(), delay.strip() or None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dlop.bench.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    p.add_argument("--hosts", type=int, default=0, help="network-namespace hosts (needs root); 0: this host only")
+    p.add_argument("--link", help="RATE[,DELAY] for every host's link, e.g. 1gbit (needs --hosts)")
+    p.add_argument("--ranks", type=int, default=2, help="trainer ranks without --hosts")
+    p.add_argument("--ranks-per-host", type=int, default=1, choices=(1, 2))
+    p.add_argument("--offloader-hosts", type=int, default=1, help="hosts of their own for the daemons (--hosts)")
+    p.add_argument("--data", help="an image folder; default: the built-in dataset, made once")
+    p.add_argument("--images", type=int, default=640, help="images of the built-in dataset (10 classes)")
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output size")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
+    p.add_argument("--hidden", type=int, default=2048, help="the model's hidden width (its gradient grows with it)")
+    p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--idle-reps", type=int, default=20, help="rounds of the idle all-reduces")
+    p.add_argument("--runs", type=int, default=1, help="runs of every config (columns: medians over runs)")
+    p.add_argument("--wire", choices=("uint8", "float32"), default="uint8", help="offloaded batches' dtype")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--trace", help="DLOP_TRACE folder for the last config's processes")
+    p.add_argument("--offloader", help="the dlop-offloader executable (default: next to this Python)")
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--report", help="write train.md and train.png here (created)")
+    args = p.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
+        p.error(f"unknown config(s) {', '.join(unknown) if args.configs else '(none)'}: choose from "
+                f"{', '.join(CONFIGS)}")
+    try:
+        args.rate, args.delay = parse_link(args.link)
+    except ValueError as e:
+        p.error(f"--link {args.link!r}: {e}")
+    if args.link and not args.hosts:
+        p.error("--link shapes the links between --hosts hosts: give --hosts too")
+    if args.hosts and args.hosts <= args.offloader_hosts:
+        p.error(f"--hosts {args.hosts} leaves no trainer host beside {args.offloader_hosts} offloader host(s)")
+    if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps,
+           args.offloader_hosts) < 1:
+        p.error("--ranks, --batch, --steps, --hidden, --workers, --runs, --idle-reps and --offloader-hosts must be "
+                "at least 1")
+    return args
+
+
+# --- the driver ---------------------------------------------------------
+
+def offloader_path(explicit: str | None) -> str:
+    from dlop.bench.offload import offloader_path as find
+
+    return find(explicit)
+
+
+class Cluster:
+    """Where each process runs: namespace hosts (--hosts) or this host; starts daemons and ranks there."""
+
+    def __init__(self, args) -> None:
+        self.args, self.hosts = args, None
+        if args.hosts:
+            from dlop.bench import netns
+
+            ok, why = netns.available()
+            if not ok:
+                raise SystemExit(f"--hosts {args.hosts}: network namespaces cannot be made here: {why}")
+            if args.delay and not netns.netem_available():
+                raise SystemExit(f"--link {args.link}: this kernel has no netem qdisc, so a delay cannot be "
+                                 "shaped; give the rate alone")
+            self.hosts = netns.Hosts(args.hosts, rate=args.rate, delay=args.delay)
+            self.trainer_hosts = list(range(args.hosts - args.offloader_hosts))
+            self.offloader_hosts = list(range(len(self.trainer_hosts), args.hosts))
+            self.world = len(self.trainer_hosts) * args.ranks_per_host
+        else:
+            self.trainer_hosts, self.offloader_hosts, self.world = [0], [0], args.ranks
+
+    def addr(self, host: int) -> str:
+        return self.hosts.addrs[host] if self.hosts else "127.0.0.1"
+
+    def rank_host(self, rank: int) -> int:
+        return self.trainer_hosts[rank // self.args.ranks_per_host] if self.hosts else 0
+
+    def popen(self, host: int, argv: list[str], env: dict, **kw) -> subprocess.Popen:
+        if self.hosts:
+            return self.hosts.popen(host, argv, env=env, **kw)
+        return subprocess.Popen(argv, env=env, **kw)
+
+    def describe(self) -> str:
+        if not self.hosts:
+            return f"{self.world} trainer ranks and 1 offloader on this host (loopback, unshaped)"
+        shaping = f"every link {self.args.rate} (tbf, both directions)" if self.args.rate else "links unshaped"
+        return (f"{len(self.trainer_hosts)} trainer host(s) x {self.args.ranks_per_host} rank(s), "
+                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, {shaping}")
+
+    def close(self) -> None:
+        if self.hosts:
+            self.hosts.close()
+
+
+def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env: dict, log) -> tuple[list, list[str]]:
+    """One dlop-offloader per offloader host (its log lines go to `log`); the processes and their addresses."""
+    procs, addresses = [], []
+    for host in cluster.offloader_hosts:
+        addr = cluster.addr(host)
+        proc = cluster.popen(host, [exe, "--listen", f"{addr}:0", "--token-file", token_file, "--threads",
+                                    str(threads)], env, stdout=subprocess.PIPE, stderr=log, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            stop(procs)
+            raise RuntimeError(f"dlop-offloader on {addr} did not start: {line!r}")
+        addresses.append(f"{addr}:{line.strip().rsplit(':', 1)[1]}")
+    return procs, addresses
+
+
+def stop(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, trace: str | None) -> list[dict]:
+    """One fresh process group training under `config`; each rank's measurements."""
+    from dlop.bench.ddp import free_port, rank_env
+
+    out = workdir / config
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, DLOP_TRAFFIC_CLASSES="0" if config == "dlop_offload_unscheduled" else "1")
+    env.pop("DLOP_TRACE", None)
+    if trace:
+        env["DLOP_TRACE"] = trace
+    if cluster.hosts:
+        env["GLOO_SOCKET_IFNAME"] = cluster.hosts.device  # Gloo binds loopback unless told the host's device
+    daemons, addresses, token = [], [], os.urandom(16).hex()
+    log = open(out / "log.txt", "w")
+    ranks = []
+    try:
+        if config.startswith("dlop_offload"):
+            token_file = out / "token"
+            token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
+            daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env,
+                                               log)
+        spec = {"config": config, "data": data, "size": args.size, "batch": args.batch, "hidden": args.hidden,
+                "workers": args.workers, "steps": args.steps, "warmup": args.warmup, "idle_reps": args.idle_reps,
+                "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,
+                "offloaders": addresses, "token": token, "out": str(out / "rank.json")}
+        port = free_port()
+        argv = [sys.executable, "-m", "dlop.bench.train_rank", json.dumps(spec)]
+        for r in range(cluster.world):
+            host = cluster.rank_host(r)
+            rank_vars = rank_env(r, cluster.world, r % args.ranks_per_host if cluster.hosts else r,
+                                 cluster.addr(cluster.rank_host(0)), port)
+            ranks.append(cluster.popen(host, argv, dict(env, **rank_vars), stdout=log, stderr=subprocess.STDOUT))
+        wait_ranks(ranks, config, out / "log.txt")
+    finally:
+        stop(ranks)
+        stop(daemons)
+        log.close()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(cluster.world)]
+
+
+def wait_ranks(ranks: list, config: str, log: Path) -> None:
+    """Until every rank exits; the first failure stops the run (the others would wait on it)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while any(p.poll() is None for p in ranks) and not any(p.poll() for p in ranks):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    codes = [p.poll() for p in ranks]
+    if any(c != 0 for c in codes):
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{config}: ranks exited {codes} (None: still running at the deadline)\n{tail}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
+    """One run's row from its ranks' measurements (definitions: the module docstring)."""
+    def mean(key):
+        return sum(sum(r[key]) / len(r[key]) for r in ranks) / len(ranks)
+
+    step, data, exposed = (1e3 * mean(k) for k in ("step", "data", "exposed"))
+    durations = [d for r in ranks for d in r["allreduce"]]
+    idle = [d for r in ranks for d in r["idle"]]
+    return {"config": config, "ranks": len(ranks),
+            "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
+            "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
+            "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
+            "allreduce_p99_ms": 1e3 * percentile(durations, 0.99),
+            "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
+            "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per config, each numeric column's median over runs."""
+    rows = []
+    for i, first in enumerate(runs[0]):
+        row = dict(first)
+        for key, value in first.items():
+            if isinstance(value, float):
+                row[key] = _common.median([run[i][key] for run in runs])
+        row["runs"] = len(runs)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if any(c.startswith("dlop_offload") for c in args.configs):
+        args.offloader_exe = offloader_path(args.offloader)
+    from dlop.bench.offload import builtin_dataset
+
+    cluster = Cluster(args)  # refuses hosts or a link this machine cannot make, before anything runs
+    data = args.data or builtin_dataset(args.images)
+    header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
+                                ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
+                                workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,
+                                wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,
+                                threads_per_rank=args.threads, idle_reps=args.idle_reps,
+                                trainer_hosts=len(cluster.trainer_hosts), offloader_hosts=len(cluster.offloader_hosts),
+                                link_bytes_per_s=_rate_bytes(args.rate))
+    print(f"# {header['command']}")
+    print(_common.header_comment(header))
+    print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
+          f"{args.hidden}; {args.warmup} untimed + {args.steps} timed steps; k = {args.workers}")
+    print(f"# offloaded batches travel as {args.wire}" +
+          (" and are normalised on the trainer" if args.wire == "uint8" else ", normalised by the daemons"))
+    if args.link and not args.delay:
+        print("# links shaped by rate alone (tbf); a delay needs netem" +
+              ("" if cluster.hosts is None or _netem() else ", which this kernel lacks"))
+    workdir = Path(tempfile.mkdtemp(prefix="dlop-bench-train-"))
+    runs = []
+    try:
+        bar = _common.progress(total=args.runs * len(args.configs), desc="train", unit="config")
+        for run in range(args.runs):
+            rows = []
+            for config in args.configs:
+                last = run == args.runs - 1 and config == args.configs[-1]
+                trace = os.path.abspath(args.trace) if args.trace and last else None
+                if trace:
+                    os.makedirs(trace, exist_ok=True)
+                bar.set_postfix_str(config)
+                rows.append(summarise(config, args.batch, run_config(args, cluster, config, data, workdir, trace)))
+                bar.update()
+            runs.append(rows)
+        bar.close()
+    finally:
+        cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = median_rows(runs)
+    train_report.print_table(rows)
+    for line in train_report.traffic_lines(header, rows) + train_report.ratio_lines(runs):
+        print(f"# {line}")
+    if args.trace:
+        print(f"# traces: {os.path.abspath(args.trace)}/dlop-trace-*.json ({args.configs[-1]}, last run; "
+              "Chrome trace, Perfetto loads it)")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        _common.write_json(args.json, dict(header, ratios=train_report.ratio_lines(runs)), rows)
+        print(f"# written to {args.json}")
+    if args.report:
+        written = train_report.write(header, rows, runs, args.report)
+        print(f"# report: {', '.join(written)}")
+    return 0
+
+
+def _rate_bytes(rate: str | None) -> float | None:
+    from dlop.bench.netns import rate_bytes
+
+    return rate_bytes(rate) if rate else None
+
+
+def _netem() -> bool:
+    from dlop.bench.netns import netem_available
+
+    return netem_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

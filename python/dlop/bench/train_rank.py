@@ -1,0 +1,207 @@
+"""One trainer rank of dlop.bench.train (``python -m dlop.bench.train_rank SPEC``, spawned by the driver).
+
+SPEC is the JSON the driver writes: the config, the data, the model's size
+and the steps. The rank trains, replays its all-reduces idle, and writes its
+measurements to rank<R>.json beside SPEC's "out"; what each one means is in
+dlop.bench.train's docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from dlop.bench import _common
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+# --- the model and the data (used by the ranks) -------------------------
+
+def make_model(hidden: int, classes: int = 10):
+    """A strided conv stem and a wide fully-connected head: little compute per byte of gradient, so the
+    step's communication is visible on a slow link even with CPU-only training."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 16, kernel_size=8, stride=8), nn.ReLU(), nn.AdaptiveAvgPool2d(12),
+                         nn.Flatten(), nn.Linear(16 * 12 * 12, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def native_spec(size: int, wire: str) -> dict:
+    ops = [{"op": "random_resized_crop", "size": size}, {"op": "hflip", "p": 0.5}]
+    if wire == "float32":
+        ops.append({"op": "normalize", "mean": list(MEAN), "std": list(STD)})
+    return {"ops": ops, "output": wire}
+
+
+class Batches:
+    """Endless (images, labels) for this rank: epochs in turn, float32 normalised images whatever the wire."""
+
+    def __init__(self, spec: dict, rank: int, world: int) -> None:
+        import torch
+
+        self.spec, self.epoch = spec, 0
+        if spec["config"].startswith("dlop_offload"):
+            from dlop.data import OffloadLoader
+
+            self.loader = OffloadLoader(spec["data"], native_spec(spec["size"], spec["wire"]), spec["batch"],
+                                        shuffle=True, seed=0, drop_last=True, offloaders=spec["offloaders"],
+                                        token=spec["token"])
+            if not self.loader.offloaded:
+                raise RuntimeError("no dlop-offloader answered: an offload row would measure local batches")
+            self.sampler = None
+        else:
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            from dlop.bench.offload import torchvision_transform
+            from dlop._torchvision_compat import import_torchvision
+
+            dataset = import_torchvision().datasets.ImageFolder(spec["data"],
+                                                                transform=torchvision_transform(spec["size"]))
+            self.sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
+            self.loader = DataLoader(dataset, batch_size=spec["batch"], sampler=self.sampler, drop_last=True,
+                                     num_workers=spec["workers"], persistent_workers=True, prefetch_factor=2)
+        self.scale = torch.tensor([255 * s for s in STD]).view(1, 3, 1, 1)
+        self.shift = torch.tensor([255 * m for m in MEAN]).view(1, 3, 1, 1)
+        self.it = self._epoch_iter()
+
+    def _epoch_iter(self):
+        (self.sampler or self.loader).set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+    def next_raw(self):
+        """The next batch as the loader gives it (the data wait)."""
+        try:
+            return next(self.it)
+        except StopIteration:
+            self.it = self._epoch_iter()
+            return next(self.it)
+
+    def to_input(self, images):
+        """uint8 CHW -> normalised float32 on the trainer (compute); float32 batches are copied once, as the
+        offloader's buffer is reused at the next batch."""
+        if images.dtype == self.scale.dtype:
+            return images.clone() if self.spec["config"].startswith("dlop_offload") else images
+        return (images.float() - self.shift) / self.scale
+
+    def close(self) -> None:
+        """Stops the loader (its workers, its leases and prefetching), so that no more data moves."""
+        import gc
+
+        self.it = None
+        self.loader = None
+        gc.collect()
+
+
+# --- one rank -----------------------------------------------------------
+
+class BucketTimer:
+    """A DDP comm hook: all-reduce (mean) each bucket, noting when it was handed over and when it finished."""
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[float, int]] = []  # (time, elements) per bucket this step
+        self.finished: dict[int, float] = {}  # bucket's launch index -> completion time
+
+    def hook(self, group, bucket):
+        import torch.distributed as dist
+
+        tensor = bucket.buffer()
+        index = len(self.launched)
+        self.launched.append((time.perf_counter(), tensor.numel()))
+        world = dist.get_world_size(group)
+        future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(fut):
+            self.finished[index] = time.perf_counter()
+            return fut.value()[0].div_(world)
+
+        return future.then(done)
+
+    def take(self) -> list[tuple[float, float, int]]:
+        """This step's buckets as (handed over, finished, elements); DDP waited for all of them."""
+        buckets = [(t, self.finished[i], n) for i, (t, n) in enumerate(self.launched)]
+        self.launched, self.finished = [], {}
+        return buckets
+
+
+def run_rank(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dlop  # noqa: F401  (registers the backend)
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group(backend="gloo" if spec["config"] == "stock" else "dlop")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(make_model(spec["hidden"]), bucket_cap_mb=spec["bucket_cap_mb"])
+    timer = BucketTimer()
+    model.register_comm_hook(None, timer.hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = Batches(spec, rank, world)
+    steps = {"step": [], "data": [], "exposed": [], "allreduce": []}
+    launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
+    dist.barrier()
+    for i in range(spec["warmup"] + spec["steps"]):
+        if i == spec["warmup"]:
+            dist.barrier()
+            start = time.perf_counter()
+        t0 = time.perf_counter()
+        images, labels = batches.next_raw()
+        t1 = time.perf_counter()
+        inputs, labels = batches.to_input(images), labels.long()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), labels).backward()
+        optimizer.step()
+        t2 = time.perf_counter()
+        buckets = timer.take()
+        if i < spec["warmup"]:
+            continue
+        launches.append([(t - buckets[0][0], n) for t, _, n in buckets])
+        steps["step"].append(t2 - t0)
+        steps["data"].append(t1 - t0)
+        steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
+        steps["allreduce"] += [f - t for t, f, _ in buckets]
+    wall = time.perf_counter() - start
+    batches.close()
+    # DDP may rebuild its buckets after the first step: the last step's are the ones it keeps.
+    sizes = [n for _, n in launches[-1]]
+    alike = [step for step in launches if [n for _, n in step] == sizes]
+    offsets = [_common.median([step[b][0] for step in alike]) for b in range(len(sizes))]
+    idle = replay_buckets(sizes, offsets, spec["idle_reps"])
+    result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
+              "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
+    Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def replay_buckets(sizes: list[int], offsets: list[float], reps: int) -> list[float]:
+    """The training step's bucket all-reduces again, same sizes and same hand-over times, with no data
+    moving and nothing computing; each one's duration, measured as the comm hook measures it."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.ones(n) for n in sizes]
+    durations = []
+    for _ in range(reps):
+        dist.barrier()
+        start, futures = time.perf_counter(), []
+        for tensor, offset in zip(tensors, offsets):
+            time.sleep(max(0.0, start + offset - time.perf_counter()))
+            launched = time.perf_counter()
+            future = dist.all_reduce(tensor, async_op=True).get_future()
+            futures.append(future.then(lambda _, t=launched: time.perf_counter() - t))
+        durations += [f.wait() for f in futures]
+    return durations
+
+
+if __name__ == "__main__":
+    run_rank(json.loads(sys.argv[1]))

@@ -1,0 +1,103 @@
+"""python -m dlop.bench.train end to end on a tiny run (tiny model, few steps, this host): every config's row,
+the JSON and the markdown agreeing, the step's parts adding up, a real PNG, and a bad --link refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("dlop._C")
+pytest.importorskip("matplotlib")
+
+from dlop.bench import train, train_report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+POSITIVE = ("samples_per_s", "step_ms", "compute_ms", "allreduce_p50_ms", "allreduce_p99_ms",
+            "allreduce_p99_idle_ms")
+
+
+def _offloader() -> str:
+    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
+              str(ROOT / "build/offload/dlop-offloader")):
+        if c and os.access(c, os.X_OK):
+            return c
+    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_bench_train_tiny_run(tmp_path, capsys):
+    from dlop.data.make_dataset import main as make_dataset
+
+    data = tmp_path / "data"
+    assert make_dataset([str(data), "--classes", "2", "--per-class", "12", "--seed", "1"]) == 0
+    out, report = tmp_path / "rows.json", tmp_path / "report"
+    assert train.main(["--data", str(data), "--ranks", "2", "--batch", "4", "--size", "32", "--hidden", "16",
+                       "--steps", "3", "--warmup", "1", "--idle-reps", "2", "--offloader", _offloader(),
+                       "--json", str(out), "--report", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "offloaded batches travel as uint8" in printed
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == list(train.CONFIGS)
+    for r in rows:
+        for key in train_report.COLUMNS:
+            assert key in r and math.isfinite(r[key]) and r[key] >= 0, (key, r)
+        for key in POSITIVE:
+            assert r[key] > 0, (key, r)
+        assert r["ranks"] == 2 and r["buckets"] >= 1
+        assert r["step_ms"] >= r["compute_ms"]
+        assert r["compute_ms"] + r["exposed_comm_ms"] + r["data_stall_ms"] == pytest.approx(r["step_ms"], rel=1e-6)
+        assert r["allreduce_p99_ms"] >= r["allreduce_p50_ms"]
+        # samples/s and step_ms describe the same steps: ranks x batch per step time, within the ranks' skew
+        assert r["samples_per_s"] == pytest.approx(2 * 4 * 1e3 / r["step_ms"], rel=0.5)
+
+    # The markdown's table holds the JSON's figures, as the report prints them.
+    md = (report / "train.md").read_text()
+    for r in rows:
+        line = next(x for x in md.splitlines() if x.startswith(f"| {r['config']} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")][1:]
+        assert cells == [train_report.cell(k, r[k]) for k in train_report.COLUMNS], (line, r)
+    assert _png_size(report / "train.png") == train_report.PNG_SIZE
+
+
+@pytest.mark.parametrize("link, why", [("fast", "not a tc rate"), ("1gbit,soon", "not a tc delay"),
+                                       ("1gbit", "give --hosts too")])
+def test_bench_train_refuses_a_bad_link(link, why, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--link", link])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--link" in err and why in err, err
+
+
+def test_bench_train_refuses_a_delay_without_netem(capsys):
+    from dlop.bench import netns
+
+    if not netns.available()[0]:
+        pytest.skip(f"network namespaces: {netns.available()[1]}")
+    if netns.netem_available():
+        pytest.skip("this kernel has netem: a delay is shaped, not refused")
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--hosts", "2", "--link", "1gbit,100us", "--configs", "stock"])
+    assert "no netem" in str(exit_.value) and "--link 1gbit,100us" in str(exit_.value)
+
+
+@pytest.mark.parametrize("argv, why", [(["--configs", "stock,fast"], "unknown config(s) fast"),
+                                       (["--hosts", "1"], "leaves no trainer host"),
+                                       (["--steps", "0"], "must be at least 1")])
+def test_bench_train_refuses_bad_arguments(argv, why, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    assert exit_.value.code == 2
+    assert why in capsys.readouterr().err

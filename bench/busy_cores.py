@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import threading
 import time
@@ -20,6 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dlop.bench.ddp import free_port
 
 
 def rank_main(rank: int, world: int, backend: str, env: dict, port: int, sizes: list[int], calls: int, out) -> None:
@@ -53,12 +54,6 @@ def rank_main(rank: int, world: int, backend: str, env: dict, port: int, sizes: 
     out.put((rank, rows))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

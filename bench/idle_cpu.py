@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dlop.bench.ddp import free_port
 
 
 def cpu_seconds() -> float:
@@ -38,12 +39,6 @@ def rank_main(rank: int, world: int, backend: str, port: int, seconds: float, ou
     out.put((backend, rank, used, wall))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

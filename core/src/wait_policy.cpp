@@ -50,8 +50,7 @@ std::optional<double> cgroup_quota(std::string& where) {
     const std::string controllers = line.substr(first + 1, second - first - 1);
     const std::filesystem::path path = line.substr(second + 1);
     const bool v2 = controllers.empty();
-    const bool v1_cpu = controllers == "cpu" || controllers.starts_with("cpu,") || controllers.find(",cpu,") != std::string::npos ||
-                        controllers.ends_with(",cpu");
+    const bool v1_cpu = ("," + controllers + ",").find(",cpu,") != std::string::npos;
     if (!v2 && !v1_cpu) continue;
     const std::filesystem::path root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/cpu";
     for (std::filesystem::path p = path; !p.empty(); p = p.has_relative_path() ? p.parent_path() : std::filesystem::path()) {
@@ -126,14 +125,14 @@ WaitChoice choose_wait_mode(ProgressMode requested, double cores, int local_rank
                                        local_ranks, cores)};
 }
 
-WaitPolicy::WaitPolicy() { reset_for_test(config().progress); }
+WaitPolicy::WaitPolicy() { reset(config().progress); }
 
 WaitPolicy& WaitPolicy::process() {
   static WaitPolicy policy;
   return policy;
 }
 
-void WaitPolicy::reset_for_test(ProgressMode requested) {
+void WaitPolicy::reset(ProgressMode requested) {
   automatic_.store(requested == ProgressMode::kAuto);
   mode_.store(choose_wait_mode(requested, 1, 1).mode);
   history_.store(0);

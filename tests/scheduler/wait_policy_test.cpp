@@ -85,7 +85,7 @@ TEST(WaitPolicy, YieldsWhenRanksOutnumberCoresAndSpinsOtherwise) {
 TEST(WaitPolicy, SpinsThatLoseTheirCoreSwitchToYield) {
   in_child([] {
     WaitPolicy& p = WaitPolicy::process();
-    p.reset_for_test(ProgressMode::kAuto);
+    p.reset(ProgressMode::kAuto);
     // Spins on a core all the time, or too short to judge: no change.
     for (int i = 0; i < 20; ++i) p.report_spin(200us, 200us);
     for (int i = 0; i < 20; ++i) p.report_spin(10us, 1us);
@@ -96,7 +96,7 @@ TEST(WaitPolicy, SpinsThatLoseTheirCoreSwitchToYield) {
     for (int i = 0; i < WaitPolicy::kLostToSwitch; ++i) p.report_spin(200us, 40us);
     if (p.mode() != WaitMode::kYield) return false;
     // A mode named by DLOP_PROGRESS stays.
-    p.reset_for_test(ProgressMode::kSpin);
+    p.reset(ProgressMode::kSpin);
     for (int i = 0; i < 20; ++i) p.report_spin(200us, 1us);
     return p.mode() == WaitMode::kSpin;
   });
@@ -108,7 +108,7 @@ TEST(WaitPolicy, ASpinningWaitBesideBusyThreadsOnItsCoreSwitchesToYield) {
     CPU_ZERO(&one);
     CPU_SET(static_cast<int>(::sched_getcpu()), &one);
     if (::sched_setaffinity(0, sizeof(one), &one) != 0) return false;
-    WaitPolicy::process().reset_for_test(ProgressMode::kAuto);
+    WaitPolicy::process().reset(ProgressMode::kAuto);
     std::atomic<bool> stop{false};
     std::vector<std::thread> busy;
     for (int i = 0; i < 3; ++i) {
@@ -138,7 +138,7 @@ TEST(WaitPolicy, EachModeBoundsItsPolling) {
       }
       return Clock::now() - start;
     };
-    WaitPolicy::process().reset_for_test(ProgressMode::kAuto);
+    WaitPolicy::process().reset(ProgressMode::kAuto);
     // Lower bounds only: the phase lasts at least its budget; it ended (no hang).
     return polls_for(ProgressMode::kSleep) < 2ms && polls_for(ProgressMode::kAuto) >= 2ms &&
            polls_for(ProgressMode::kYield) >= 5ms;

@@ -77,8 +77,8 @@ class WaitPolicy {
   static constexpr int kWindow = 8;
   static constexpr int kLostToSwitch = 6;
 
-  // For tests: forget the decision and the history.
-  void reset_for_test(ProgressMode requested);
+  // Starts over as if `requested` were DLOP_PROGRESS: no decision, no history.
+  void reset(ProgressMode requested);
 
  private:
   WaitPolicy();

@@ -10,5 +10,6 @@ void bind_errors(pybind11::module_& m);  // dlop::Error -> dlop.errors classes (
 void bind_backend(pybind11::module_& m);  // ProcessGroupDlop and its Work (backend_bindings.cpp)
 void bind_offload(pybind11::module_& m);  // the native data pipeline (offload_bindings.cpp)
 void bind_offload_loader(pybind11::module_& m);  // EpochPlan, LeaseManager (offload_loader_bindings.cpp); after bind_offload
+void bind_data_pacer(pybind11::module_& m);  // DataPacer, engine_pacer (data_pacer_bindings.cpp); after bind_offload
 
 }  // namespace dlop::python

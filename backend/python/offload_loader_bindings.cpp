@@ -97,7 +97,7 @@ void bind_offload_loader(py::module_& root) {
                        std::uint32_t batch_size, const std::string& token, bool shuffle, bool drop_last,
                        std::uint32_t rank, std::uint32_t world, std::size_t prefetch, std::size_t per_daemon,
                        double lease_timeout, double no_daemon_timeout, double connect_timeout,
-                       const py::bytes& python) {
+                       const py::bytes& python, std::shared_ptr<DataPacer> pacer) {
              LeaseOptions o;
              const std::string job = python;
              o.config = {source, transform, seed, batch_size, std::vector<std::uint8_t>(job.begin(), job.end())};
@@ -112,6 +112,7 @@ void bind_offload_loader(py::module_& root) {
              o.lease_timeout = ms(lease_timeout);
              o.no_daemon_timeout = ms(no_daemon_timeout);
              o.connect_timeout = ms(connect_timeout);
+             o.pacer = std::move(pacer);
              // A process forked from this one (the local fallback's workers,
              // a user's) may drop its copy: closing UCX there would abort, so
              // only the process that made the manager destroys it.
@@ -123,7 +124,8 @@ void bind_offload_loader(py::module_& root) {
            py::arg("source"), py::arg("transform"), py::arg("seed"), py::arg("batch_size"), py::arg("token"),
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
            py::arg("prefetch") = 4, py::arg("per_daemon") = 2, py::arg("lease_timeout") = 30.0,
-           py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0, py::arg("python") = py::bytes())
+           py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0, py::arg("python") = py::bytes(),
+           py::arg("pacer") = std::shared_ptr<DataPacer>())
       .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("live_daemons", &LeaseManager::live_daemons)

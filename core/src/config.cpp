@@ -61,6 +61,10 @@ Config Config::from_env() {
     if (c.chunk_bytes == 0) throw_error(Errc::kInvalidArgument, "DLOP_CHUNK_BYTES must be at least 1");
   }
   if (const char* v = env("DLOP_TRACE")) c.trace_dir = v;
+  if (const char* v = env("DLOP_DATA_RATE_MBPS")) {
+    c.data_rate_mbps = static_cast<std::size_t>(parse_count("DLOP_DATA_RATE_MBPS", v));
+    if (c.data_rate_mbps == 0) throw_error(Errc::kInvalidArgument, "DLOP_DATA_RATE_MBPS must be at least 1");
+  }
   if (c.watchdog.count() == 0) {
     throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
   }

@@ -265,7 +265,7 @@ void Communicator::attach_host_arena(const ArenaIds& ids) {
 
 void Communicator::abort(const std::string& reason) { engine_->abort(state_, reason); }
 
-DataCredits& Communicator::data_credits() { return engine_->data_credits(); }
+std::shared_ptr<DataCredits> Communicator::data_credits() { return engine_->data_credits(); }
 
 std::string_view traffic_class_name(TrafficClass traffic) {
   switch (traffic) {

@@ -159,7 +159,7 @@ void Engine::finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished)
   for (auto& op : finished) {
     if (op->counts_as_gradient) {
       op->counts_as_gradient = false;
-      data_credits_.gradient_finished();
+      data_credits_->gradient_finished();
     }
     if (trace::enabled()) trace_op(*op);
     op->complete(op->error);
@@ -211,7 +211,7 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
     op->task = make_task(op, algorithm);
     if (op->traffic == TrafficClass::kGradient) {
       op->counts_as_gradient = true;
-      data_credits_.gradient_started();
+      data_credits_->gradient_started();
     }
   } catch (...) {
     fail(*op, std::current_exception());

@@ -47,7 +47,7 @@ class Engine {
   // One progress pass on the calling thread if no one else is progressing.
   void try_progress();
   void wake_progress_thread();
-  DataCredits& data_credits() { return data_credits_; }
+  const std::shared_ptr<DataCredits>& data_credits() { return data_credits_; }
 
   // While one exists, a caller polls this engine itself (a blocking wait):
   // unless waits spin, the progress thread then leaves the core to it rather
@@ -104,7 +104,7 @@ class Engine {
   coll::AlgorithmOverrides overrides_;
   bool check_signatures_;
   Scheduling scheduling_;
-  DataCredits data_credits_;
+  std::shared_ptr<DataCredits> data_credits_ = std::make_shared<DataCredits>();  // shared with data movers
   std::uint64_t started_ops_ = 0;  // engine lock
   std::vector<detail::OpState*> in_flight_;  // engine lock: scratch of progress_locked
   std::atomic<int> next_comm_id_{1};

@@ -246,3 +246,39 @@ def test_trace_shows_every_lease_and_every_wait(dataset, daemons, tmp_path):
         r = ready[lease["args"]["batch"]]
         assert r["ts"] >= lease["ts"] + lease["dur"] - 1 and r["dur"] >= 0
     assert sorted(w["args"]["batch"] for w in waits) == list(range(5))
+
+
+PACER = r"""
+import sys
+import torch
+import torch.distributed as dist
+import dlop  # noqa: F401  (registers the backend)
+from dlop.data.offload_loader import _engine_pacer
+
+print("before init:", _engine_pacer(None))
+dist.init_process_group("dlop", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+pacer = _engine_pacer(None)
+print("dlop:", type(pacer).__name__ if pacer is not None else None)
+if pacer is not None:
+    # No gradient all-reduce in flight: every byte asked for is granted.
+    print("granted:", pacer.acquire(12345, 1000))
+print("gloo:", _engine_pacer(dist.new_group(backend="gloo")))
+print("off:", _engine_pacer(False))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("classes", ["1", "0"])
+def test_the_loader_paces_against_the_default_dlop_group(tmp_path, classes):
+    """OffloadLoader's pacer comes from the default group's dlop engine; none
+    for a Gloo group, before init, when asked not to, or with DLOP_TRAFFIC_CLASSES=0."""
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PACER, str(tmp_path / "store")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "DLOP_TRAFFIC_CLASSES": classes})
+    assert out.returncode == 0, out.stderr
+    want = ["before init: None", "dlop: DataPacer" if classes == "1" else "dlop: None"]
+    if classes == "1":
+        want.append("granted: 12345")
+    want += ["gloo: None", "off: None"]
+    assert out.stdout.split("\n")[:-1] == want

@@ -185,7 +185,7 @@ TEST(Communicator, DataCreditsAreFreeWithoutGradientsAndPacedWithThem) {
 TEST(Communicator, EngineReportsGradientTrafficToDataCredits) {
   test::run_ranks(2, [](transport::Bootstrap& b) {
     auto comm = Communicator::create(b);
-    DataCredits& credits = comm->data_credits();
+    DataCredits& credits = *comm->data_credits();
     EXPECT_FALSE(credits.gradient_in_flight());
     std::int32_t x = 1;
     if (comm->rank() == 0) {

@@ -22,6 +22,7 @@ struct Config {
   bool traffic_classes = true;                    // DLOP_TRAFFIC_CLASSES=0: plain submission order, no chunking
   std::size_t chunk_bytes = 8u << 20;             // DLOP_CHUNK_BYTES: all-reduces above this run in chunks
   std::string trace_dir;                          // DLOP_TRACE: write a Chrome trace per process here
+  std::size_t data_rate_mbps = 1000;              // DLOP_DATA_RATE_MBPS: offloaded batches' MB/s while gradients move
 
   // Reads the environment; throws dlop::Error naming the variable on a bad value.
   static Config from_env();

@@ -93,6 +93,12 @@ struct LeaseOptions {
   std::chrono::milliseconds no_daemon_timeout{10'000};
   // Connecting and configuring one daemon gives up after this.
   std::chrono::milliseconds connect_timeout{10'000};
+  // Paces the batches' UCX transfers (OffloadClient::Options::pacer); told
+  // the step each time a batch is yielded. null: unpaced.
+  std::shared_ptr<DataPacer> pacer;
+  // A daemon on this host may write batches straight into the pool
+  // (OffloadClient::Options::direct); false: always over UCX.
+  bool direct = true;
 };
 
 // A yielded batch: `count` samples (fewer than the plan's when the skip

@@ -74,6 +74,21 @@ struct Completion {
   std::string error;
 };
 
+// Paces batch transfers against the trainer's gradient traffic on the same
+// links. The c10d backend hands in its engine's credits (offload does not
+// link the scheduler); a batch's deadline is the training step that consumes
+// it, its position in the rank's epoch. Called from the progress thread and
+// the consumer's, so implementations are thread-safe.
+class DataPacer {
+ public:
+  virtual ~DataPacer() = default;
+  // How many of `bytes` may move now for the batch step `deadline_step`
+  // consumes (the rest: ask again later).
+  virtual std::size_t acquire(std::size_t bytes, std::uint64_t deadline_step) = 0;
+  // The step now running: the position of the batch the consumer took last.
+  virtual void set_step(std::uint64_t step) = 0;
+};
+
 class OffloadClient {
  public:
   struct Options {
@@ -99,6 +114,11 @@ class OffloadClient {
     // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
     // per batch instead of twice. false: always over UCX.
     bool direct = true;
+    // With `progress`: a UCX batch's receive is posted only once the pacer
+    // granted all its bytes, from the progress thread, so its rendezvous (a
+    // put after our receive matched) waits for that grant too. Direct writes
+    // are not paced. null, or no progress thread: receives are posted at once.
+    std::shared_ptr<DataPacer> pacer;
   };
 
   // Rendezvous by put: the daemon writes each batch into the posted buffer
@@ -172,6 +192,13 @@ class OffloadClient {
   // Waits up to `timeout` (0: options_.timeout) for a frame of `type` (or ERROR).
   protocol::Frame await(protocol::MsgType type, const char* what, std::chrono::milliseconds timeout = {});
   void post_receive(Lease& lease, void* buffer, std::size_t bytes);
+  // post_receive now, or once the pacer grants it (paced()).
+  void post_or_defer(Lease& lease, void* buffer, std::size_t bytes);
+  // The progress thread's hook (lock held): posts deferred receives the
+  // pacer grants, earliest deadline first. True while some still wait.
+  bool post_granted();
+  // Posts a deferred lease's receive without asking (cancel, shutdown).
+  void post_deferred_now(Lease& lease);
   void on_answer(const protocol::Frame& frame);
   void collect();
   [[noreturn]] void fail(Errc code, const std::string& why);
@@ -198,6 +225,8 @@ class OffloadClient {
   std::unique_ptr<transport::Endpoints> endpoints_;  // before leases_, whose receives it holds
   protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
+  std::vector<Lease*> deferred_;  // leases of leases_ whose receive waits for the pacer; under lock_worker()
+  std::optional<std::string> deferred_failure_;  // a deferred post that failed on the progress thread
   std::deque<Completion> ready_;
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else
   std::vector<std::uint64_t> lost_;

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "core/log.hpp"
+#include "core/trace.hpp"
 #include "core/wait_policy.hpp"
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
@@ -38,6 +40,12 @@ struct OffloadClient::Lease {
   bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
+  // Waiting for the pacer (in deferred_): where the receive will go, and
+  // how many of its bytes were granted so far.
+  void* deferred_buffer = nullptr;
+  std::size_t deferred_bytes = 0;
+  std::size_t granted = 0;
+  Clock::time_point deferred_at;
 
   // UCX still holds the buffer.
   bool receiving() const { return recv && !recv->done(); }
@@ -64,9 +72,11 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
   endpoints_->set_any_name("dlop-offloader at " + address_);
   socket_->fd = net::connect_tcp(host, port, options_.timeout);
   handshake();
+  if (options_.pacer && options_.progress) options_.progress->set_hook(this, [this] { return post_granted(); });
 }
 
 OffloadClient::~OffloadClient() {
+  if (options_.pacer && options_.progress) options_.progress->remove_hook(this);
   close_direct();
   auto lock = lock_worker();
   try {
@@ -141,6 +151,7 @@ bool OffloadClient::progress_worker() {
 // buffers, so that none is written once the caller gets it back.
 void OffloadClient::release_receives() {
   auto lock = lock_worker();
+  deferred_.clear();  // nothing was posted for them: no buffer of theirs is UCX's
   for (const auto& [id, lease] : leases_) {
     if (lease->receiving()) lease->recv->cancel();
   }
@@ -354,8 +365,9 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
     state->direct = true;
     m.address = reinterpret_cast<std::uintptr_t>(buffer);
   } else {
-    // Post before asking, so the batch finds its buffer (no unexpected-message copy).
-    post_receive(*state, buffer, l.batch_bytes);
+    // Post before asking, so the batch finds its buffer (no unexpected-message
+    // copy), unless the pacer holds it back.
+    post_or_defer(*state, buffer, l.batch_bytes);
   }
   leases_.emplace(lease, std::move(state));
   send(MsgType::kProduce, protocol::encode(m));
@@ -389,8 +401,54 @@ void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) 
   }
 }
 
+void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes) {
+  if (!options_.pacer || !options_.progress) return post_receive(lease, buffer, bytes);
+  auto lock = lock_worker();
+  lease.deferred_buffer = buffer;
+  lease.deferred_bytes = bytes;
+  lease.granted = 0;
+  lease.deferred_at = Clock::now();
+  deferred_.push_back(&lease);
+}
+
+bool OffloadClient::post_granted() {
+  if (deferred_.empty() || deferred_failure_) return false;
+  std::sort(deferred_.begin(), deferred_.end(), [](const Lease* a, const Lease* b) { return a->batch < b->batch; });
+  std::size_t posted = 0;
+  for (Lease* lease : deferred_) {
+    lease->granted += options_.pacer->acquire(lease->deferred_bytes - lease->granted, lease->batch);
+    if (lease->granted < lease->deferred_bytes) break;  // the budget is spent; later deadlines wait too
+    try {
+      post_deferred_now(*lease);
+    } catch (const Error& e) {
+      deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
+      return false;
+    }
+    ++posted;
+  }
+  deferred_.erase(deferred_.begin(), deferred_.begin() + static_cast<std::ptrdiff_t>(posted));
+  return !deferred_.empty();
+}
+
+void OffloadClient::post_deferred_now(Lease& lease) {
+  if (trace::enabled()) {
+    trace::span("paced " + std::to_string(lease.batch), "data", lease.deferred_at, Clock::now(),
+                {{"batch", static_cast<std::int64_t>(lease.batch)},
+                 {"bytes", static_cast<std::int64_t>(lease.deferred_bytes)}});
+  }
+  void* buffer = std::exchange(lease.deferred_buffer, nullptr);
+  post_receive(lease, buffer, lease.deferred_bytes);
+}
+
 void OffloadClient::cancel(std::uint64_t lease) {
-  if (!leases_.contains(lease)) return;
+  const auto it = leases_.find(lease);
+  if (it == leases_.end()) return;
+  {
+    // A daemon that sent already waits for our receive to match: post it,
+    // so its send ends and our receive can be canceled like any other.
+    auto lock = lock_worker();
+    if (std::erase(deferred_, it->second.get()) > 0) post_deferred_now(*it->second);
+  }
   send(MsgType::kCancel, protocol::encode(protocol::Cancel{lease}));
 }
 
@@ -426,17 +484,22 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
       fail(Errc::kProtocol, "BATCH_READY for lease " + std::to_string(id) + " with " + std::to_string(ready.bytes) +
                                 " bytes and " + std::to_string(ready.count) + " samples");
     }
-    post_receive(lease, lease.buffer_for(ready.bytes), ready.bytes);
+    post_or_defer(lease, lease.buffer_for(ready.bytes), ready.bytes);
     return;
   }
   // No data will come for a failed or canceled lease: take the buffer back.
   auto lock = lock_worker();
+  if (frame.type != MsgType::kBatchReady && std::erase(deferred_, &lease) > 0) {
+    lease.settled = true;  // its receive was never posted
+    return;
+  }
   if (frame.type != MsgType::kBatchReady && lease.receiving()) lease.recv->cancel();
 }
 
 // Moves leases whose answer and receive are both in to the ready list.
 void OffloadClient::collect() {
   auto lock = lock_worker();
+  if (deferred_failure_) fail(Errc::kTransport, "posting a paced UCX receive: " + *deferred_failure_);
   for (auto it = leases_.begin(); it != leases_.end();) {
     Lease& lease = *it->second;
     if (!lease.answer || !lease.received()) {

@@ -165,6 +165,7 @@ struct LeaseManager::Impl {
     ++generation;
     epoch = new_epoch;
     next = position;
+    if (opt.pacer) opt.pacer->set_step(position);
     built = false;
     build();
   }
@@ -357,6 +358,8 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   co.python_load_timeout = std::max(m.opt.connect_timeout, m.opt.lease_timeout);
   if (!m.progress) m.progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker(), "dlop-lease-ucx");
   co.progress = m.progress;
+  co.pacer = m.opt.pacer;
+  co.direct = m.opt.direct;
   auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
   const BatchLayout& got = client->configure(m.opt.config);
   if (m.layout) {
@@ -393,6 +396,7 @@ std::optional<Batch> LeaseManager::next() {
       p.state = PosState::kYielded;
       Batch b;
       b.position = m.next++;
+      if (m.opt.pacer) m.opt.pacer->set_step(b.position);
       b.count = p.done.count;
       b.slot = p.slot;
       b.bytes = p.done.bytes;

@@ -109,6 +109,9 @@ def parse_args(argv=None):
     p.add_argument("--wire", choices=("uint8", "float32"), default="uint8", help="offloaded batches' dtype")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--data-share", type=float, default=0.1,
+                   help="dlop_offload: share of --link's rate that batches may use while gradients move "
+                        "(DLOP_DATA_RATE_MBPS); unset without a link")
     p.add_argument("--trace", help="DLOP_TRACE folder for the last config's processes")
     p.add_argument("--offloader", help="the dlop-offloader executable (default: next to this Python)")
     p.add_argument("--json", help="write the rows here")
@@ -126,6 +129,8 @@ def parse_args(argv=None):
         p.error("--link shapes the links between --hosts hosts: give --hosts too")
     if args.hosts and args.hosts <= args.offloader_hosts:
         p.error(f"--hosts {args.hosts} leaves no trainer host beside {args.offloader_hosts} offloader host(s)")
+    if not 0 < args.data_share <= 1:
+        p.error(f"--data-share {args.data_share}: give a share of the link in (0, 1]")
     if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps,
            args.offloader_hosts) < 1:
         p.error("--ranks, --batch, --steps, --hidden, --workers, --runs, --idle-reps and --offloader-hosts must be "
@@ -201,6 +206,12 @@ def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env
     return procs, addresses
 
 
+def data_rate_mbps(args) -> int | None:
+    """MB/s of batches while gradients move: --data-share of the link (None: no link, the engine's default)."""
+    link = _rate_bytes(args.rate)
+    return max(1, round(link * args.data_share / 1e6)) if link else None
+
+
 def stop(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
@@ -222,6 +233,8 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
     out.mkdir(parents=True)
     env = dict(os.environ, DLOP_TRAFFIC_CLASSES="0" if config == "dlop_offload_unscheduled" else "1")
     env.pop("DLOP_TRACE", None)
+    if data_rate_mbps(args) and "DLOP_DATA_RATE_MBPS" not in os.environ:
+        env["DLOP_DATA_RATE_MBPS"] = str(data_rate_mbps(args))
     if trace:
         env["DLOP_TRACE"] = trace
     if cluster.hosts:
@@ -319,13 +332,17 @@ def main(argv=None) -> int:
                                 wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,
                                 threads_per_rank=args.threads, idle_reps=args.idle_reps,
                                 trainer_hosts=len(cluster.trainer_hosts), offloader_hosts=len(cluster.offloader_hosts),
-                                link_bytes_per_s=_rate_bytes(args.rate))
+                                link_bytes_per_s=_rate_bytes(args.rate),
+                                data_rate_mbps=os.environ.get("DLOP_DATA_RATE_MBPS") or data_rate_mbps(args))
     print(f"# {header['command']}")
     print(_common.header_comment(header))
     print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
           f"{args.hidden}; {args.warmup} untimed + {args.steps} timed steps; k = {args.workers}")
     print(f"# offloaded batches travel as {args.wire}" +
           (" and are normalised on the trainer" if args.wire == "uint8" else ", normalised by the daemons"))
+    if data_rate_mbps(args) or "DLOP_DATA_RATE_MBPS" in os.environ:
+        print(f"# dlop_offload: batches paced to {header['data_rate_mbps']} MB/s while a gradient all-reduce "
+              "is in flight (DLOP_DATA_RATE_MBPS)")
     if args.link and not args.delay:
         print("# links shaped by rate alone (tbf); a delay needs netem" +
               ("" if cluster.hosts is None or _netem() else ", which this kernel lacks"))

@@ -32,6 +32,24 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def _engine_pacer(process_group: Any):
+    """The pacer over ``process_group``'s dlop engine (default: the default
+    group), or None when it is not dlop, not initialized, or
+    DLOP_TRAFFIC_CLASSES=0 turned scheduling off."""
+    import torch.distributed as dist
+
+    if process_group is False or not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = process_group if process_group is not None else dist.group.WORLD
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except (RuntimeError, AttributeError):
+        return None
+    if not isinstance(backend, _C.ProcessGroupDlop):
+        return None
+    return _native.engine_pacer(backend)
+
+
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -85,6 +103,12 @@ class OffloadLoader:
     keep a batch past that only by cloning it. With ``device="cuda"`` (or
     "cuda:N") every tensor arrives on that GPU instead, copied on a side
     stream one batch ahead (dlop.data._device).
+
+    Batches that come over UCX are paced against the gradient all-reduces of
+    ``process_group`` (default: the default group, when its backend is dlop;
+    ``False``: never): while one is in flight, a batch not due by the next
+    step moves at DLOP_DATA_RATE_MBPS at most. DLOP_TRAFFIC_CLASSES=0 turns
+    this off with the rest of the scheduling.
     """
 
     def __init__(
@@ -105,6 +129,7 @@ class OffloadLoader:
         dataset: Any = None,
         collate_fn: Any = None,
         device: Any = None,
+        process_group: Any = None,
     ) -> None:
         if (dataset is None) == (source is None):
             raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
@@ -142,6 +167,7 @@ class OffloadLoader:
                         shuffle=self.shuffle, drop_last=self.drop_last, rank=self.rank, world=self.world,
                         prefetch=prefetch, lease_timeout=lease_timeout, no_daemon_timeout=no_daemon_timeout,
                         connect_timeout=connect_timeout, python=self._job,
+                        pacer=_engine_pacer(process_group),
                     )
                 self._manager.add_daemon(*_split(address))
             except Error as e:  # the daemon did not answer or refused: try the next one

@@ -112,8 +112,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Communicator> subgroup(const std::vector<int>& ranks, transport::Bootstrap& members);
 
   // Credit for data traffic moved outside the engine, paced against this
-  // engine's gradient collectives (shared by the communicators of one engine).
-  DataCredits& data_credits();
+  // engine's gradient collectives (shared by the communicators of one engine;
+  // a data mover may hold it past them).
+  std::shared_ptr<DataCredits> data_credits();
 
   // Fails every pending operation and refuses new ones (kCanceled).
   void abort(const std::string& reason);

@@ -20,13 +20,16 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/config.hpp"
+
 namespace dlop::sched {
 
 class DataCredits {
  public:
   using Clock = std::chrono::steady_clock;
   struct Options {
-    std::size_t bytes_per_interval = 1u << 20;
+    // DLOP_DATA_RATE_MBPS (MB/s) in 1 ms intervals.
+    std::size_t bytes_per_interval = config().data_rate_mbps * 1000;
     std::chrono::microseconds interval{1000};
   };
 

@@ -1,0 +1,166 @@
+// Pacing (OffloadClient::Options::pacer): a batch's UCX receive is posted
+// only once the pacer granted its bytes, so the batch does not move before;
+// the progress thread posts it when granted, with no call of the consumer's.
+// Same host over UCX (direct writes off), as a daemon on another host sends.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "daemon_harness.hpp"
+#include "offload/codec.hpp"
+#include "offload/lease_manager.hpp"
+#include "offload/offload_client.hpp"
+#include "offload/pipeline.hpp"
+#include "offload/source.hpp"
+#include "transport/progress_thread.hpp"
+
+namespace dlop::offload {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Grants nothing while closed, everything once opened, or `slice` bytes per
+// call; remembers what it was asked and told.
+class GatePacer final : public DataPacer {
+ public:
+  std::size_t acquire(std::size_t bytes, std::uint64_t deadline_step) override {
+    std::lock_guard lock(mutex_);
+    deadlines.push_back(deadline_step);
+    if (!open.load()) return 0;
+    return slice == 0 ? bytes : std::min(bytes, slice);
+  }
+  void set_step(std::uint64_t step) override {
+    std::lock_guard lock(mutex_);
+    steps.push_back(step);
+  }
+  std::vector<std::uint64_t> asked() {
+    std::lock_guard lock(mutex_);
+    return deadlines;
+  }
+  std::vector<std::uint64_t> told() {
+    std::lock_guard lock(mutex_);
+    return steps;
+  }
+  std::atomic<bool> open{false};
+  std::size_t slice = 0;
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::uint64_t> deadlines, steps;
+};
+
+// Big enough for UCX's rendezvous (a put after the receive matched).
+constexpr const char* kSpec = R"({"ops": [{"op": "random_resized_crop", "size": 64},
+    {"op": "normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}]})";
+
+void write_images(const test::TempDir& data, int n) {
+  for (int i = 0; i < n; ++i) {
+    test::write_file(data.path() / ("c" + std::to_string(i % 2)) / ("i" + std::to_string(i) + ".jpg"),
+                     encode_jpeg(test::make_image(70 + i, 90, static_cast<std::uint32_t>(i)), 90));
+  }
+}
+
+TEST(OffloadPacing, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
+  test::TempDir data;
+  write_images(data, 5);
+  test::DaemonProcess d(1);
+  auto pacer = std::make_shared<GatePacer>();
+  auto progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker());
+  OffloadClient client("127.0.0.1", d.port(), test::kToken,
+                       {.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
+  const BatchLayout& layout = client.configure({data.path().string(), kSpec, 7, 5});
+  std::vector<std::byte> buf(layout.batch_bytes);
+  const std::vector<std::uint64_t> idx = {4, 2, 0, 3, 1};
+  client.produce(9, 2, 6, idx, buf.data(), buf.size());
+  // The daemon makes the batch in well under this; held back, it must not land.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(client.landed(9)) << "the batch moved before the pacer granted it";
+  const auto asked = pacer->asked();
+  ASSERT_FALSE(asked.empty()) << "the progress thread never asked the pacer";
+  EXPECT_EQ(asked.front(), 6u) << "a batch's deadline is its position in the epoch";
+  pacer->open = true;
+  bool landed = false;
+  for (int i = 0; i < 600 && !landed; ++i) {  // the consumer only looks
+    std::this_thread::sleep_for(50ms);
+    landed = client.landed(9);
+  }
+  ASSERT_TRUE(landed) << "granted, the batch did not land within 30 s";
+  const auto c = client.wait(30s);
+  ASSERT_TRUE(c && c->status == Completion::Status::kReady);
+  std::vector<std::byte> images(idx.size() * layout.sample_bytes);
+  std::vector<std::int64_t> labels(idx.size());
+  Pipeline::from_json(kSpec).run_batch(ImageFolder(data.path().string()), idx, 7, 2, images, labels);
+  EXPECT_EQ(std::memcmp(buf.data(), images.data(), images.size()), 0);
+  EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
+}
+
+TEST(OffloadPacing, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {
+  test::TempDir data;
+  write_images(data, 5);
+  test::DaemonProcess d(1);
+  auto pacer = std::make_shared<GatePacer>();
+  auto progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker());
+  {
+    OffloadClient client("127.0.0.1", d.port(), test::kToken,
+                         {.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
+    const BatchLayout& layout = client.configure({data.path().string(), kSpec, 7, 5});
+    std::vector<std::byte> a(layout.batch_bytes), b(layout.batch_bytes);
+    const std::vector<std::uint64_t> idx = {0, 1, 2};
+    client.produce(1, 0, 3, idx, a.data(), a.size());
+    client.produce(2, 0, 4, idx, b.data(), b.size());
+    std::this_thread::sleep_for(500ms);
+    client.cancel(1);
+    const auto c = client.wait(30s);
+    ASSERT_TRUE(c.has_value()) << "a canceled lease that waited for credit never completed";
+    EXPECT_EQ(c->lease, 1u);
+    EXPECT_NE(c->status, Completion::Status::kFailed);
+    // Lease 2 is still held back: the destructor must not wait on it.
+  }
+  // The daemon serves the next client: nothing of the old one is stuck in it.
+  OffloadClient again("127.0.0.1", d.port(), test::kToken, {.name = "after", .timeout = 30s, .direct = false});
+  const BatchLayout& layout = again.configure({data.path().string(), kSpec, 7, 5});
+  std::vector<std::byte> buf(layout.batch_bytes);
+  const std::vector<std::uint64_t> idx = {0};
+  again.produce(1, 0, 0, idx, buf.data(), buf.size());
+  const auto c = again.wait(30s);
+  ASSERT_TRUE(c && c->status == Completion::Status::kReady);
+}
+
+TEST(OffloadPacing, LeaseManagerYieldsTheEpochOnceInOrderUnderSlicedCreditAndTellsTheSteps) {
+  test::TempDir data;
+  write_images(data, 11);
+  test::DaemonProcess d(2);
+  auto pacer = std::make_shared<GatePacer>();
+  pacer->open = true;
+  pacer->slice = 4096;  // a batch needs many grants, banked across passes
+  LeaseOptions o;
+  o.config = {data.path().string(), kSpec, 3, 2};
+  o.token = test::kToken;
+  o.pacer = pacer;
+  o.direct = false;
+  LeaseManager m(std::move(o));
+  m.add_daemon("127.0.0.1", d.port());
+  m.set_epoch(1);
+  const auto expected = m.plan().batches(1);
+  std::vector<std::uint64_t> positions;
+  while (auto b = m.next()) {
+    EXPECT_EQ(b->indices, expected[b->position]);
+    positions.push_back(b->position);
+    m.release(b->slot);
+  }
+  std::vector<std::uint64_t> in_order(expected.size());
+  for (std::uint64_t i = 0; i < in_order.size(); ++i) in_order[i] = i;
+  EXPECT_EQ(positions, in_order);
+  std::vector<std::uint64_t> told = pacer->told();
+  ASSERT_FALSE(told.empty());
+  EXPECT_EQ(told.front(), 0u);  // set_epoch starts at step 0
+  told.erase(told.begin());
+  EXPECT_EQ(told, in_order) << "the pacer is told each step as its batch is taken";
+  EXPECT_GT(pacer->asked().size(), expected.size()) << "no batch needed more than one grant";
+}
+
+}  // namespace
+}  // namespace dlop::offload

@@ -395,18 +395,27 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
   return !running_.empty();
 }
 
-void Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
+bool Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {mesh_->event_fd(), POLLIN, 0}};
-  ::poll(fds, (with_ucx && fds[1].fd >= 0) ? 2 : 1, timeout_ms);
+  const bool ucx = with_ucx && fds[1].fd >= 0;
+  ::poll(fds, ucx ? 2 : 1, timeout_ms);
   std::uint64_t drained = 0;
   [[maybe_unused]] const auto got = ::read(wake_fd_, &drained, sizeof(drained));
+  return ucx && (fds[1].revents & POLLIN) != 0;
 }
 
 void Engine::thread_main() {
   ::pthread_setname_np(::pthread_self(), "dlop-progress");
   constexpr int kSpinPasses = 200;  // passes without news before sleeping
+  // Once a UCX event woke the running ops, they stream over a network: the
+  // next event is a packet away, and 200 passes after each cost a core
+  // (4x Gloo's CPU for DDP across hosts, taken from its compute; 8 passes
+  // still 2x). So sleep again at the first quiet pass, until an op finishes
+  // or starts.
+  constexpr int kStreamPasses = 1;
   std::vector<std::shared_ptr<detail::OpState>> finished;
   int idle_passes = 0;
+  int spin_passes = kSpinPasses;
   while (!stop_.load()) {
     const WaitMode mode = WaitPolicy::process().mode();
     if (mode != WaitMode::kSpin && drivers_.load(std::memory_order_relaxed) > 0) {
@@ -422,7 +431,8 @@ void Engine::thread_main() {
     const bool had = !running_.empty();
     const bool running = progress_locked(finished);
     idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
-    bool sleep = !running || (idle_passes > kSpinPasses && mesh_->arm());
+    if (!had || !finished.empty()) spin_passes = kSpinPasses;
+    bool sleep = !running || (idle_passes > spin_passes && mesh_->arm());
     const bool polls_memory = sleep && running &&
                               std::any_of(running_.begin(), running_.end(),
                                           [](const auto& op) { return op->task && op->task->polls_memory(); });
@@ -437,7 +447,9 @@ void Engine::thread_main() {
     if (sleep) {
       // Running ops: UCX's event fd wakes us (and a short timeout bounds the
       // wait for timeouts and the watchdog). Idle: only a submitter does.
-      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
+      const bool by_ucx =
+          sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
+      if (running && by_ucx) spin_passes = kStreamPasses;
       idle_passes = 0;
     }
   }

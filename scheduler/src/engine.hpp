@@ -78,7 +78,9 @@ class Engine {
 
  private:
   void thread_main();
-  void sleep_until_woken(int timeout_ms, bool with_ucx);
+  // Sleeps until a submitter (or, with_ucx, a UCX event) wakes it or the
+  // timeout passes; true when a UCX event woke it.
+  bool sleep_until_woken(int timeout_ms, bool with_ucx);
   // Under the engine lock: starts queued ops, progresses running ones, fails
   // timed-out ones. Finished ops are moved to `finished`. Returns whether any
   // op is still running.

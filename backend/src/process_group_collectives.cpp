@@ -10,7 +10,7 @@
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
 #include "tensor_args.hpp"
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 
 namespace dlop::backend {
 namespace {

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "tensor_args.hpp"
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 #include "world_registry.hpp"
 
 namespace dlop::backend {

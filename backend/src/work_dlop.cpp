@@ -1,4 +1,4 @@
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>

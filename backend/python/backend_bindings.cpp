@@ -5,9 +5,41 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/process_group_dlop.hpp"
+#include "backend/work_dlop.hpp"
 #include "bindings.hpp"
 
 namespace py = pybind11;
+
+namespace dlop::python {
+namespace {
+
+// The holder of a WorkDlop in Python: drops its reference with the GIL
+// released, as torch's holder of c10d::Work does (the last reference may
+// free tensors and wake threads). One intrusive_ptr, like torch's: pybind11
+// copies a Work returned as c10::intrusive_ptr<c10d::Work> into it as is.
+template <class T>
+class GilFreeHolder {
+ public:
+  GilFreeHolder() = default;
+  explicit GilFreeHolder(T* raw) : ptr_(c10::intrusive_ptr<T>::reclaim_copy(raw)) {}
+  GilFreeHolder(const GilFreeHolder&) = default;
+  GilFreeHolder& operator=(const GilFreeHolder&) = default;
+  ~GilFreeHolder() {
+    if (ptr_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      ptr_.reset();
+    }
+  }
+  T* get() const noexcept { return ptr_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> ptr_;
+};
+
+}  // namespace
+}  // namespace dlop::python
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, dlop::python::GilFreeHolder<T>, true)
 
 namespace dlop::python {
 
@@ -25,6 +57,11 @@ void bind_backend(py::module_& m) {
            py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = std::string{},
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); });
+  // Known to pybind11 so that a returned Work is found by its own type at
+  // once: an unknown subclass of c10d::Work costs every call two failed type
+  // look-ups (each hashing the mangled name) before the fallback to the base.
+  py::class_<backend::WorkDlop, c10d::Work, GilFreeHolder<backend::WorkDlop>>(
+      m, "WorkDlop", py::dynamic_attr(), "the torch.distributed Work of a dlop collective");
 }
 
 }  // namespace dlop::python

@@ -10,7 +10,7 @@
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
 #include "tensor_args.hpp"
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 
 namespace dlop::backend {
 namespace {
@@ -18,16 +18,15 @@ namespace {
 using c10d::OpType;
 using coll::DataType;
 
-// Blocking torch calls (async_op=False) wait at once: let the caller's thread
-// drive the engine instead of waking the progress thread. asyncOp is missing
-// from older torch headers.
-template <class Options>
-bool caller_waits(const Options& opts) {
-  if constexpr (requires { opts.asyncOp; }) {
-    return !opts.asyncOp;
-  } else {
-    return false;
-  }
+// The copy-back step of a tensor staged by staged(), and what the Work keeps
+// alive for it: nothing when the operation ran on the tensor itself (the
+// usual case, where a closure would cost an allocation per call).
+std::function<void()> copy_back_step(const at::Tensor& user, const at::Tensor& stage) {
+  if (user.is_same(stage)) return nullptr;
+  return [user, stage] { copy_back(user, stage); };
+}
+std::vector<at::Tensor> kept_stage(const at::Tensor& user, const at::Tensor& stage) {
+  return user.is_same(stage) ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{stage};
 }
 
 // The tensors as one contiguous byte buffer, in order. Copies raw bytes: the
@@ -176,7 +175,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tenso
   auto options = op_options(opts.timeout);
   options.caller_waits = caller_waits(opts);
   auto handle = torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
-  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
+                   copy_back_step(tensor, stage), options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -211,7 +211,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tenso
   auto handle = torch_errors([&] {
     return comm_->broadcast(view.data, view.count, view.dtype, static_cast<int>(opts.rootRank), options);
   });
-  return make_work(OpType::BROADCAST, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+  return make_work(OpType::BROADCAST, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
+                   copy_back_step(tensor, stage), options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>& tensors,
@@ -228,7 +229,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>&
   auto handle = torch_errors([&] {
     return comm_->reduce(view.data, view.data, view.count, view.dtype, op, static_cast<int>(opts.rootRank), options);
   });
-  return make_work(OpType::REDUCE, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
+  return make_work(OpType::REDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
+                   copy_back_step(tensor, stage), options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -250,7 +252,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vect
     return all_equal(counts) ? comm_->allgather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, options)
                              : comm_->allgatherv(in.data_ptr(), flat.data_ptr(), counts, DataType::kUInt8, options);
   });
-  return make_work(OpType::ALLGATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); });
+  return make_work(OpType::ALLGATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); },
+                   options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -266,8 +269,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& out
   options.caller_waits = caller_waits(opts);
   auto handle = torch_errors(
       [&] { return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, options); });
-  return make_work(OpType::_ALLGATHER_BASE, {std::move(handle)}, {output}, {in, out},
-                   [output, out] { copy_back(output, out); });
+  return make_work(OpType::_ALLGATHER_BASE, {std::move(handle)}, {output}, {in, out}, copy_back_step(output, out),
+                   options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -424,8 +427,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
   auto handle = torch_errors([&] {
     return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op, options);
   });
-  return make_work(OpType::_REDUCE_SCATTER_BASE, {std::move(handle)}, {output}, {in, out},
-                   [output, out] { copy_back(output, out); });
+  return make_work(OpType::_REDUCE_SCATTER_BASE, {std::move(handle)}, {output}, {in, out}, copy_back_step(output, out),
+                   options.caller_waits);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "tensor_args.hpp"
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 #include "world_registry.hpp"
 
 namespace dlop::backend {
@@ -83,20 +83,25 @@ void ProcessGroupDlop::check_root(int64_t root, const char* op) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, std::vector<sched::Handle> handles,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep_alive,
-                                                           std::function<void()> finish) {
+                                                           std::function<void()> finish, bool caller_waits) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) {
     ++collectives_issued_;
   }
   auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
                                             std::move(finish));
   work->report_peer_deaths_to(faults_);
-  work->attach(std::move(handles), completions_);
+  if (caller_waits) {
+    work->complete_in_place(std::move(handles), completions_);
+  } else {
+    work->attach(std::move(handles), completions_);
+  }
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::barrier(const c10d::BarrierOptions& opts) {
   auto options = op_options(opts.timeout);
-  return make_work(c10d::OpType::BARRIER, {comm_->barrier(options)}, {}, {});
+  options.caller_waits = caller_waits(opts);
+  return make_work(c10d::OpType::BARRIER, {comm_->barrier(options)}, {}, {}, {}, options.caller_waits);
 }
 
 void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

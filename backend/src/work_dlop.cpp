@@ -1,4 +1,4 @@
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -82,8 +82,7 @@ WorkDlop::WorkDlop(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       keep_alive_(std::move(keep_alive)),
-      finish_(std::move(finish)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      finish_(std::move(finish)) {}
 
 void WorkDlop::attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue) {
   handles_ = std::move(handles);
@@ -105,6 +104,22 @@ void WorkDlop::attach(std::vector<sched::Handle> handles, std::shared_ptr<Comple
   on_done(nullptr);
 }
 
+void WorkDlop::complete_in_place(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue) {
+  for (const auto& handle : handles) {
+    try {
+      handle.wait();
+    } catch (...) {
+      // A failed operation is done: complete() reports its error.
+      if (!handle.test()) {
+        attach(std::move(handles), std::move(queue));
+        return;
+      }
+    }
+  }
+  handles_ = std::move(handles);
+  complete();
+}
+
 bool WorkDlop::isCompleted() {
   if (!c10d::Work::isCompleted()) {
     bool all_done = true;
@@ -115,6 +130,7 @@ bool WorkDlop::isCompleted() {
 }
 
 bool WorkDlop::wait(std::chrono::milliseconds timeout) {
+  if (c10d::Work::isCompleted()) return c10d::Work::wait(timeout);  // complete_in_place, or done before
   const bool bounded = timeout != kNoTimeout;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int no_waiter = kNoWaiter;
@@ -172,14 +188,38 @@ void WorkDlop::complete() {
   finish_ = nullptr;
   keep_alive_.clear();
   finish(error);
-  if (error) {
-    future_->setError(error);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard lock(future_mutex_);
+    error_ = error;
+    finished_ = true;
+    future = future_;
+  }
+  if (future) settle(*future);
+}
+
+void WorkDlop::settle(c10::ivalue::Future& future) const {
+  if (error_) {
+    future.setError(error_);
   } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    future.markCompleted(c10::IValue(outputs_));
   }
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> WorkDlop::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> WorkDlop::getFuture() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  bool settle_now = false;
+  {
+    std::lock_guard lock(future_mutex_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+      settle_now = finished_;
+    }
+    future = future_;
+  }
+  if (settle_now) settle(*future);
+  return future;
+}
 
 int WorkDlop::sourceRank() const { return handles_.empty() ? -1 : handles_.front().source(); }
 

@@ -7,7 +7,7 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
-#include "work_dlop.hpp"
+#include "backend/work_dlop.hpp"
 
 namespace dlop::backend {
 namespace {

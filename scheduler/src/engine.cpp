@@ -146,13 +146,18 @@ void Engine::wake_progress_thread() {
 }
 
 void Engine::try_progress() {
-  std::vector<std::shared_ptr<detail::OpState>> finished;
+  // A waiting caller calls this in a loop: the list of finished ops keeps its
+  // capacity between calls on this thread (no allocation per operation). A
+  // completion callback that progresses again finds the spare taken and uses
+  // a list of its own.
+  thread_local std::vector<std::shared_ptr<detail::OpState>> spare;
+  std::vector<std::shared_ptr<detail::OpState>> finished = std::move(spare);
   {
     std::unique_lock lock(engine_mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return;
-    progress_locked(finished);
+    if (lock.owns_lock()) progress_locked(finished);
   }
-  finish_all(finished);
+  finish_all(finished);  // leaves it empty
+  spare = std::move(finished);
 }
 
 void Engine::finish_all(std::vector<std::shared_ptr<detail::OpState>>& finished) {

@@ -6,7 +6,8 @@ names the op, and leaves the op to finish once the peer joins), get_future()
 (completes with the output tensors, as Gloo's does; .then callbacks that
 themselves issue collectives, blocking or not, do not deadlock), result(),
 source_rank(); several async ops in flight at once, out of order across groups;
-a failed op (group timeout) reports through every one of them.
+a failed op (group timeout) reports through every one of them. Blocking calls
+(asyncOp=False) return their Work complete, with a future made on request.
 """
 
 from __future__ import annotations
@@ -170,6 +171,96 @@ def rank_future_values(ctx) -> list[str]:
             problems.append(f"{name}: result() shapes {[tuple(t.shape) for t in dres]}, Gloo's {[tuple(t.shape) for t in gres]}")
         if name not in ("barrier",) and not dres and douts:
             problems.append(f"{name}: result() is empty")
+    return problems
+
+
+def rank_blocking_work(ctx) -> list[str]:
+    """Blocking calls as torch's wrappers make them (the group's method with asyncOp=False): the
+    Work is complete when returned, outputs (staged or not) equal Gloo's, and a future asked for
+    afterwards is done and holds the outputs."""
+    import torch
+    import torch._C._distributed_c10d as c10d
+    import torch.distributed as dist
+
+    from c10d_harness import non_contiguous_like
+
+    pg = dist.distributed_c10d._get_default_group()
+    world, rank = ctx.world_size, ctx.rank
+
+    def options(cls, **fields):
+        opts = cls()
+        opts.asyncOp = False
+        for name, value in fields.items():
+            setattr(opts, name, value)
+        return opts
+
+    def strided(t):
+        return non_contiguous_like(t)[0]
+
+    # (dlop call -> (work, outputs), the same through Gloo -> outputs); `make` lays a tensor out
+    def all_reduce(make):
+        x = make(make_input(torch.float32, 9, rank, 11))
+        return pg.allreduce([x], options(c10d.AllreduceOptions)), [x]
+
+    def all_reduce_gloo(make):
+        x = make(make_input(torch.float32, 9, rank, 11))
+        dist.all_reduce(x, group=ctx.gloo)
+        return [x]
+
+    def broadcast(make):
+        x = make(make_input(torch.int64, 7, rank, 12))
+        return pg.broadcast([x], options(c10d.BroadcastOptions, rootRank=world - 1)), [x]
+
+    def broadcast_gloo(make):
+        x = make(make_input(torch.int64, 7, rank, 12))
+        dist.broadcast(x, src=world - 1, group=ctx.gloo)
+        return [x]
+
+    def all_gather_into_tensor(make):
+        out = make(torch.zeros(5 * world))
+        return pg._allgather_base(out, make_input(torch.float32, 5, rank, 13), options(c10d.AllgatherOptions)), [out]
+
+    def all_gather_into_tensor_gloo(make):
+        out = make(torch.zeros(5 * world))
+        dist.all_gather_into_tensor(out, make_input(torch.float32, 5, rank, 13), group=ctx.gloo)
+        return [out]
+
+    def reduce_scatter_tensor(make):
+        out = make(torch.zeros(3))
+        return pg._reduce_scatter_base(out, make_input(torch.float32, 3 * world, rank, 14),
+                                       options(c10d.ReduceScatterOptions)), [out]
+
+    def reduce_scatter_tensor_gloo(make):
+        out = make(torch.zeros(3))
+        dist.reduce_scatter_tensor(out, make_input(torch.float32, 3 * world, rank, 14), group=ctx.gloo)
+        return [out]
+
+    if not hasattr(c10d.AllreduceOptions(), "asyncOp"):
+        return []  # older torch: no blocking flag, every call takes the asynchronous path
+    problems = []
+    cases = [(all_reduce, all_reduce_gloo), (broadcast, broadcast_gloo),
+             (all_gather_into_tensor, all_gather_into_tensor_gloo), (reduce_scatter_tensor, reduce_scatter_tensor_gloo)]
+    for layout, make in (("contiguous", lambda t: t), ("strided", strided)):
+        for call, gloo_call in cases:
+            name = f"{call.__name__} ({layout})"
+            work, outs = call(make)
+            if not work.is_completed():
+                problems.append(f"{name}: the Work of a blocking call is not complete when returned")
+            work.wait()
+            expected = gloo_call(lambda t: t)  # Gloo on contiguous tensors: its strided results are not a reference
+            for i, (d, g) in enumerate(zip(outs, expected)):
+                m = mismatch(f"{name} output {i}", d, g, exact=call is not all_reduce and call is not reduce_scatter_tensor)
+                if m:
+                    problems.append(m)
+            fut = work.get_future()
+            if not fut.done():
+                problems.append(f"{name}: a future asked for after completion is not done")
+            value = fut.wait()
+            if len(value) != len(outs) or any(v.data_ptr() != o.data_ptr() for v, o in zip(value, outs)):
+                problems.append(f"{name}: the future holds {len(value)} tensors, not the call's outputs")
+    work = pg.barrier(options(c10d.BarrierOptions))
+    if not work.is_completed() or not work.wait() or not work.get_future().done():
+        problems.append("barrier: the Work of a blocking call is not complete when returned")
     return problems
 
 
@@ -360,6 +451,14 @@ def rank_failed_op(ctx) -> dict:
         out.update(completed=work.is_completed(), success=work.is_success(), exception=repr(work.exception()))
     out["future_error"] = repr(attempt(fut.wait)[1])
     out["future_done"] = fut.done()
+    # A blocking call on the broken group: its Work is returned complete, with the error.
+    opts = dist.AllreduceOptions()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+        blocking = dist.distributed_c10d._get_default_group().allreduce([x], opts)
+        out["blocking_completed"] = blocking.is_completed()
+        out["blocking_error"] = repr(attempt(blocking.wait)[1])
+        out["blocking_future_error"] = repr(attempt(blocking.get_future().wait)[1])
     return out
 
 
@@ -385,6 +484,10 @@ def test_async_op_single_rank(cluster):
 
 def test_future_values_match_gloo(cluster):
     check(cluster, rank_future_values)
+
+
+def test_blocking_calls_return_completed_work(cluster):
+    check(cluster, rank_blocking_work)
 
 
 def test_then_callbacks_issuing_collectives_do_not_deadlock(cluster):
@@ -431,3 +534,8 @@ def test_failed_op_reports_through_work_and_future(world):
         assert r["wait_error"].startswith("TimeoutError(") and "allreduce" in r["wait_error"], r
         assert r["completed"] and not r["success"] and "allreduce" in r["exception"], r
         assert r["future_done"] and r["future_error"].startswith("TimeoutError(") and "allreduce" in r["future_error"], r
+        if "blocking_completed" in r:
+            # Refused at once (kCanceled: the group failed earlier), through wait and the future alike.
+            assert r["blocking_completed"], r
+            for key in ("blocking_error", "blocking_future_error"):
+                assert "refused" in r[key] and "allreduce" in r[key], r

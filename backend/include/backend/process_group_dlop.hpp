@@ -107,10 +107,11 @@ class ProcessGroupDlop : public c10d::Backend {
  private:
   sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
   // Wraps submitted handles into a Work that completes with `outputs` after
-  // running `finish` (copies back from staging buffers) on completion.
+  // running `finish` (copies back from staging buffers) on completion. With
+  // `caller_waits` (a blocking call), the Work is complete when returned.
   c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<sched::Handle> handles,
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
-                                           std::function<void()> finish = {});
+                                           std::function<void()> finish = {}, bool caller_waits = false);
   void check_root(int64_t root, const char* op) const;
 
   // Declared before comm_, so destroyed after it: the engine refers to the

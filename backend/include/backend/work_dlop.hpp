@@ -56,6 +56,13 @@ class WorkDlop : public c10d::Work {
            std::function<void()> finish);
   // Hooks the handles up; call once, right after construction.
   void attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
+  // Instead of attach, for a caller that waits at once (async_op=False):
+  // waits for the handles on the calling thread and completes the Work before
+  // it is returned, so no completion callback is registered and nothing is
+  // handed to another thread. If a wait gives up while its operation still
+  // runs (the engine stuck past the operation's deadline), the Work is
+  // attached instead and completes when the operation does.
+  void complete_in_place(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
   // A handle that fails because a peer died tells the job through `faults`.
   void report_peer_deaths_to(const std::shared_ptr<FaultChannel>& faults) { faults_ = faults; }
 
@@ -74,7 +81,14 @@ class WorkDlop : public c10d::Work {
   std::vector<at::Tensor> keep_alive_;
   std::function<void()> finish_;
   std::weak_ptr<FaultChannel> faults_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // The future is made on the first getFuture() (nobody asks a blocking
+  // call's Work for one) and completed by complete(), or by getFuture() if
+  // complete() ran first.
+  void settle(c10::ivalue::Future& future) const;
+  std::mutex future_mutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // future_mutex_
+  bool finished_ = false;                           // future_mutex_: complete() has run
+  std::exception_ptr error_;                        // the Work's error, fixed once finished_
   std::atomic<int> remaining_{0};
   std::atomic<bool> completing_{false};
   // A caller blocked in wait() claims the completion (kCallerWaiting); the last
@@ -85,6 +99,18 @@ class WorkDlop : public c10d::Work {
   enum : int { kNoWaiter, kCallerWaiting, kCallerCompletes };
   std::atomic<int> waiter_{kNoWaiter};
 };
+
+// Blocking torch calls (async_op=False) wait at once: the caller's thread
+// drives the engine instead of waking the progress thread, and the Work is
+// complete when returned. asyncOp is missing from older torch headers.
+template <class Options>
+bool caller_waits(const Options& opts) {
+  if constexpr (requires { opts.asyncOp; }) {
+    return !opts.asyncOp;
+  } else {
+    return false;
+  }
+}
 
 // The torch exception for an exception dlop threw (torch_error for a
 // dlop::Error; c10 errors pass unchanged).

@@ -39,10 +39,12 @@ std::vector<std::pair<std::string, std::string>> dlop_ucx_defaults() {
   return {
       // Fast-completion sends below this go eagerly (kRemoteEagerBytes).
       {"RNDV_SEND_NBR_THRESH", std::to_string(kRemoteEagerBytes)},
-      // An eager message goes out in TCP segments of this size, one send()
-      // call each: UCX's 8 KiB costs 128 calls per MiB, which is the bound on
-      // a fast link.
-      {"TCP_TX_SEG_SIZE", "64k"},
+      // An eager message goes out in TCP segments of this size, each its own
+      // send call, and is read in segments of the receive size: UCX's 8 KiB
+      // and 64 KiB cost many calls per MiB, the bound on a fast link with few
+      // cores.
+      {"TCP_TX_SEG_SIZE", "256k"},
+      {"TCP_RX_SEG_SIZE", "256k"},
   };
 }
 

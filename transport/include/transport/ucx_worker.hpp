@@ -34,7 +34,7 @@ class UcxWorker {
     bool wakeup = true;
     // UCX settings for this context only (name without "UCX_", value), as
     // ucp_config_modify takes them, applied after dlop's own (ucx_worker.cpp:
-    // the eager threshold above and TCP's segment sizes); a UCX_<name> in the
+    // the eager threshold above and TCP's send segment size); a UCX_<name> in the
     // environment wins over both.
     std::vector<std::pair<std::string, std::string>> ucx_config;
   };

@@ -55,13 +55,26 @@ void ProgressThread::drain_activity() {
   [[maybe_unused]] const ssize_t n = ::read(activity_fd_, &count, sizeof(count));
 }
 
+void ProgressThread::set_hook(const void* key, PassHook hook) {
+  std::lock_guard guard(mutex_);
+  hooks_[key] = std::move(hook);
+}
+
+void ProgressThread::remove_hook(const void* key) {
+  std::lock_guard guard(mutex_);
+  hooks_.erase(key);
+}
+
 void ProgressThread::run() {
   while (!stopping_.load(std::memory_order_relaxed)) {
     bool any = false;
     bool armed = false;
+    bool hooks_wait = false;
     try {
       std::lock_guard guard(mutex_);
       while (worker_->progress()) any = true;
+      for (const auto& [key, hook] : hooks_) hooks_wait = hook() || hooks_wait;
+      while (worker_->progress()) any = true;  // what a hook posted
       armed = worker_->arm();
     } catch (const std::exception& e) {
       log().error("UCX progress thread: {}", e.what());
@@ -76,7 +89,7 @@ void ProgressThread::run() {
     // progress to move; 10 ms bounds that wait. Without wake-up support this is
     // the polling interval.
     pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {worker_->event_fd(), POLLIN, 0}};
-    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() ? 10 : 1);
+    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() && !hooks_wait ? 10 : 1);
   }
 }
 

@@ -403,10 +403,14 @@ void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) 
 
 void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes) {
   if (!options_.pacer || !options_.progress) return post_receive(lease, buffer, bytes);
+  // Granted now (nothing in flight, or due next step): no wait for the
+  // progress thread's next pass, which may be 10 ms away.
+  const std::size_t granted = options_.pacer->acquire(bytes, lease.batch);
+  if (granted >= bytes) return post_receive(lease, buffer, bytes);
   auto lock = lock_worker();
   lease.deferred_buffer = buffer;
   lease.deferred_bytes = bytes;
-  lease.granted = 0;
+  lease.granted = granted;
   lease.deferred_at = Clock::now();
   deferred_.push_back(&lease);
 }

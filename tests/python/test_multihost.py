@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -72,6 +73,13 @@ def finish(procs: list[subprocess.Popen], timeout: float = DEADLINE) -> list[tup
     if hung:
         pytest.fail(f"ranks {hung} still running after {timeout:.0f} s:\n" + tails(results))
     return results
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """proc's next stdout line, or "" when none comes within timeout."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        return proc.stdout.readline() if sel.select(timeout) else ""
 
 
 def tails(results) -> str:
@@ -144,13 +152,19 @@ def test_rank_killed_on_one_host_is_named_by_the_others(hosts):
     placement = [0, 0, 1, 1]
     victim = 3
     procs = launch(hosts, placement, "loop", {"DLOP_TIMEOUT_MS": "20000"})
-    # Wait until the victim is inside its loop of all-reduces, then kill it.
-    line = procs[victim].stdout.readline()
-    assert line.startswith("LOOPING"), f"rank {victim} did not start: {line!r} {procs[victim].stderr.read()[-2000:]}"
-    time.sleep(0.5)
-    # ip netns exec execs the command, so the pid is the rank's.
-    os.kill(procs[victim].pid, signal.SIGKILL)
-    results = finish(procs, timeout=60)
+    try:
+        # Wait (bounded) until the victim is inside its loop of all-reduces, then kill it.
+        line = read_line(procs[victim], timeout=DEADLINE)
+        assert line.startswith("LOOPING"), f"rank {victim} did not start: {line!r}"
+        time.sleep(0.5)
+        # ip netns exec execs the command, so the pid is the rank's.
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        results = finish(procs, timeout=60)
+    finally:
+        for proc in procs:  # a failed assertion must not leave ranks running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     for rank, (code, out, err) in enumerate(results):
         if rank == victim:
             assert code == -signal.SIGKILL

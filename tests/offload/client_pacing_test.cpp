@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -63,15 +64,28 @@ void write_images(const test::TempDir& data, int n) {
   }
 }
 
-TEST(OffloadPacing, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
+// A daemon over 5 images and clients of it paced by one closed gate.
+class PacedClient : public ::testing::Test {
+ protected:
+  PacedClient() { write_images(data, 5); }
+  std::unique_ptr<OffloadClient> connect() {
+    auto client = std::make_unique<OffloadClient>(
+        "127.0.0.1", d.port(), test::kToken,
+        OffloadClient::Options{.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
+    client->configure({data.path().string(), kSpec, 7, 5});
+    return client;
+  }
   test::TempDir data;
-  write_images(data, 5);
-  test::DaemonProcess d(1);
-  auto pacer = std::make_shared<GatePacer>();
-  auto progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker());
-  OffloadClient client("127.0.0.1", d.port(), test::kToken,
-                       {.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
-  const BatchLayout& layout = client.configure({data.path().string(), kSpec, 7, 5});
+  test::DaemonProcess d{1};
+  std::shared_ptr<GatePacer> pacer = std::make_shared<GatePacer>();
+  std::shared_ptr<transport::ProgressThread> progress =
+      std::make_shared<transport::ProgressThread>(OffloadClient::make_worker());
+};
+
+TEST_F(PacedClient, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
+  const auto owned = connect();
+  OffloadClient& client = *owned;
+  const BatchLayout& layout = client.layout();
   std::vector<std::byte> buf(layout.batch_bytes);
   const std::vector<std::uint64_t> idx = {4, 2, 0, 3, 1};
   client.produce(9, 2, 6, idx, buf.data(), buf.size());
@@ -97,16 +111,11 @@ TEST(OffloadPacing, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
   EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
 }
 
-TEST(OffloadPacing, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {
-  test::TempDir data;
-  write_images(data, 5);
-  test::DaemonProcess d(1);
-  auto pacer = std::make_shared<GatePacer>();
-  auto progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker());
+TEST_F(PacedClient, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {
   {
-    OffloadClient client("127.0.0.1", d.port(), test::kToken,
-                         {.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
-    const BatchLayout& layout = client.configure({data.path().string(), kSpec, 7, 5});
+    const auto owned = connect();
+    OffloadClient& client = *owned;
+    const BatchLayout& layout = client.layout();
     std::vector<std::byte> a(layout.batch_bytes), b(layout.batch_bytes);
     const std::vector<std::uint64_t> idx = {0, 1, 2};
     client.produce(1, 0, 3, idx, a.data(), a.size());

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "core/error.hpp"
 #include "daemon_harness.hpp"
@@ -270,6 +271,25 @@ TEST_F(LeaseManagerTest, DaemonJoiningMidEpochGetsWork) {
   EXPECT_GT(m.completed_per_daemon().at(1), 0u) << "the new daemon got no work";
 }
 
+
+// A consumer slower than the daemon never waits in next(): its batches have
+// always landed. The window must still move with it, or the manager leases
+// nothing new until it runs dry and the daemon idles while the trainer computes.
+TEST_F(LeaseManagerTest, ConsumerThatNeverWaitsKeepsTheWindowLeased) {
+  DaemonProcess d(1);
+  auto o = options();
+  o.per_daemon = o.prefetch;  // the window, not the daemon's share, bounds the leases
+  LeaseManager m(o);
+  m.add_daemon("127.0.0.1", d.port());
+  m.set_epoch(2);
+  const std::uint64_t n = m.batch_count();
+  drain(m, 2, [&](std::uint64_t pos) {
+    EXPECT_EQ(m.leases_issued(), std::min<std::uint64_t>(pos + o.prefetch, n))
+        << "after taking batch " << pos << " the window past it is not leased";
+    std::this_thread::sleep_for(300ms);  // "compute": the daemon makes the window meanwhile
+  });
+  EXPECT_EQ(m.leases_reissued(), 0u);
+}
 TEST_F(LeaseManagerTest, StoppedDaemonsLeaseTimesOutAndIsReissued) {
   DaemonProcess d1(1), d2(1);
   auto o = options();

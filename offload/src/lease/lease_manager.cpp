@@ -303,14 +303,11 @@ struct LeaseManager::Impl {
     }
   }
 
-  // Reads every completion that arrived; if none had any, sleeps until one
-  // of the busy daemons has something (one poll over all of them: a short
-  // timeout per daemon would wake the trainer many times per batch).
-  void pump() {
-    // Before looking at any client: what lands after the look wakes the poll below.
-    if (progress) progress->drain_activity();
+  // Reads every completion that arrived, without waiting; whether there was
+  // any, and the daemons still holding leases.
+  bool collect(std::vector<std::size_t>& busy) {
     bool got = false;
-    std::vector<std::size_t> busy;
+    busy.clear();
     for (std::size_t i = 0; i < daemons.size(); ++i) {
       if (daemons[i].dead) continue;
       try {
@@ -325,7 +322,27 @@ struct LeaseManager::Impl {
         got = true;
       }
     }
-    if (got || busy.empty()) return;
+    return got;
+  }
+
+  // Before a batch is yielded: completions in, and the window past it leased.
+  // Without this a consumer that never waits (its batches already landed)
+  // would lease nothing new until it ran dry, one batch ahead at most.
+  void top_up() {
+    if (!built) return;
+    std::vector<std::size_t> busy;
+    collect(busy);
+    issue();
+  }
+
+  // Reads every completion that arrived; if none had any, sleeps until one
+  // of the busy daemons has something (one poll over all of them: a short
+  // timeout per daemon would wake the trainer many times per batch).
+  void pump() {
+    // Before looking at any client: what lands after the look wakes the poll below.
+    if (progress) progress->drain_activity();
+    std::vector<std::size_t> busy;
+    if (collect(busy) || busy.empty()) return;
     std::vector<pollfd> fds;
     for (const std::size_t i : busy) {
       const std::vector<int> wake = daemons[i].client->wake_fds();
@@ -389,6 +406,7 @@ std::optional<Batch> LeaseManager::next() {
   auto& m = *impl_;
   const auto asked = Clock::now();
   std::optional<Clock::time_point> alone_since;
+  m.top_up();
   while (true) {
     if (m.built && m.next >= m.positions.size()) return std::nullopt;
     if (m.built && m.positions[m.next].state == PosState::kFilled) {

@@ -1,10 +1,12 @@
 // Pacing (OffloadClient::Options::pacer): a batch's UCX receive is posted
-// only once the pacer granted its bytes, so the batch does not move before;
+// only once the daemon sent the batch and the pacer granted its bytes, so the
+// batch does not move before;
 // the progress thread posts it when granted, with no call of the consumer's.
 // Same host over UCX (direct writes off), as a daemon on another host sends.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -109,6 +111,25 @@ TEST_F(PacedClient, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
   Pipeline::from_json(kSpec).run_batch(ImageFolder(data.path().string()), idx, 7, 2, images, labels);
   EXPECT_EQ(std::memcmp(buf.data(), images.data(), images.size()), 0);
   EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
+}
+
+// Leases are issued steps ahead: asked at issue, the pacer would grant a
+// batch while no gradient moves and the data would then move whenever the
+// daemon sends, gradients or not. It is asked once the batch has arrived.
+TEST_F(PacedClient, ThePacerIsAskedWhenTheBatchArrivesNotWhenItIsLeased) {
+  const auto owned = connect();
+  OffloadClient& client = *owned;
+  std::vector<std::byte> buf(client.layout().batch_bytes);
+  const std::vector<std::uint64_t> idx = {1, 3};
+  pacer->open = true;
+  d.kill(SIGSTOP);  // leased, but not made
+  client.produce(4, 0, 2, idx, buf.data(), buf.size());
+  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(pacer->asked().empty()) << "the pacer was asked before the daemon made the batch";
+  d.kill(SIGCONT);
+  const auto c = client.wait(30s);
+  ASSERT_TRUE(c && c->status == Completion::Status::kReady);
+  EXPECT_EQ(pacer->asked(), std::vector<std::uint64_t>{2});
 }
 
 TEST_F(PacedClient, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {

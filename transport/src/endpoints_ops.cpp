@@ -77,6 +77,11 @@ Request Endpoints::recv(Peer peer, void* buffer, std::size_t bytes, std::uint64_
   return post_result(ucp_tag_recv_nbx(worker_.get(), buffer, bytes, tag, mask, &params), OpKind::kRecv, peer, bytes);
 }
 
+bool Endpoints::arrived(std::uint64_t tag, std::uint64_t mask) {
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(worker_.get(), tag, mask, 0, &info) != nullptr;
+}
+
 Request Endpoints::flush(Peer peer) {
   std::optional<Request> failed;
   PeerState* p = usable(peer, OpKind::kFlush, 0, failed);

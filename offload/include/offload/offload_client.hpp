@@ -114,10 +114,13 @@ class OffloadClient {
     // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
     // per batch instead of twice. false: always over UCX.
     bool direct = true;
-    // With `progress`: a UCX batch's receive is posted only once the pacer
-    // granted all its bytes, from the progress thread, so its rendezvous (a
-    // put after our receive matched) waits for that grant too. Direct writes
-    // are not paced. null, or no progress thread: receives are posted at once.
+    // With `progress`: a UCX batch's receive is posted from the progress
+    // thread once the daemon's batch has arrived there (its rendezvous
+    // announcement: the data move only after our receive matched it) and
+    // the pacer granted all its bytes. The pacer is asked when the data
+    // would move, not when the lease is issued, which may be steps earlier.
+    // Direct writes are not paced. null, or no progress thread: receives are
+    // posted at once.
     std::shared_ptr<DataPacer> pacer;
   };
 
@@ -192,10 +195,12 @@ class OffloadClient {
   // Waits up to `timeout` (0: options_.timeout) for a frame of `type` (or ERROR).
   protocol::Frame await(protocol::MsgType type, const char* what, std::chrono::milliseconds timeout = {});
   void post_receive(Lease& lease, void* buffer, std::size_t bytes);
-  // post_receive now, or once the pacer grants it (paced()).
+  // post_receive now, or (with a pacer) once the batch arrived and the pacer granted it.
   void post_or_defer(Lease& lease, void* buffer, std::size_t bytes);
-  // The progress thread's hook (lock held): posts deferred receives the
-  // pacer grants, earliest deadline first. True while some still wait.
+  // The progress thread's hook (lock held): posts the deferred receives whose
+  // batch arrived and that the pacer grants, earliest deadline first. True
+  // while an arrived batch waits for credit (a poll soon, not a UCX event,
+  // will grant it).
   bool post_granted();
   // Posts a deferred lease's receive without asking (cancel, shutdown).
   void post_deferred_now(Lease& lease);
@@ -225,7 +230,7 @@ class OffloadClient {
   std::unique_ptr<transport::Endpoints> endpoints_;  // before leases_, whose receives it holds
   protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
-  std::vector<Lease*> deferred_;  // leases of leases_ whose receive waits for the pacer; under lock_worker()
+  std::vector<Lease*> deferred_;  // leases of leases_ whose receive is not posted yet; under lock_worker()
   std::optional<std::string> deferred_failure_;  // a deferred post that failed on the progress thread
   std::deque<Completion> ready_;
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else

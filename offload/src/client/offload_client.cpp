@@ -40,12 +40,13 @@ struct OffloadClient::Lease {
   bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
-  // Waiting for the pacer (in deferred_): where the receive will go, and
-  // how many of its bytes were granted so far.
+  // Not posted yet (in deferred_): where the receive will go, how many of
+  // its bytes the pacer granted so far, and since when the daemon's batch
+  // waits for them (unset: it has not arrived).
   void* deferred_buffer = nullptr;
   std::size_t deferred_bytes = 0;
   std::size_t granted = 0;
-  Clock::time_point deferred_at;
+  std::optional<Clock::time_point> arrived_at;
 
   // UCX still holds the buffer.
   bool receiving() const { return recv && !recv->done(); }
@@ -365,8 +366,8 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
     state->direct = true;
     m.address = reinterpret_cast<std::uintptr_t>(buffer);
   } else {
-    // Post before asking, so the batch finds its buffer (no unexpected-message
-    // copy), unless the pacer holds it back.
+    // Unpaced: post before asking, so the batch finds its buffer (no
+    // unexpected-message copy). Paced: once it arrived and is granted.
     post_or_defer(*state, buffer, l.batch_bytes);
   }
   leases_.emplace(lease, std::move(state));
@@ -403,40 +404,51 @@ void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) 
 
 void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes) {
   if (!options_.pacer || !options_.progress) return post_receive(lease, buffer, bytes);
-  // Granted now (nothing in flight, or due next step): no wait for the
-  // progress thread's next pass, which may be 10 ms away.
-  const std::size_t granted = options_.pacer->acquire(bytes, lease.batch);
-  if (granted >= bytes) return post_receive(lease, buffer, bytes);
   auto lock = lock_worker();
   lease.deferred_buffer = buffer;
   lease.deferred_bytes = bytes;
-  lease.granted = granted;
-  lease.deferred_at = Clock::now();
   deferred_.push_back(&lease);
 }
 
 bool OffloadClient::post_granted() {
   if (deferred_.empty() || deferred_failure_) return false;
   std::sort(deferred_.begin(), deferred_.end(), [](const Lease* a, const Lease* b) { return a->batch < b->batch; });
-  std::size_t posted = 0;
-  for (Lease* lease : deferred_) {
-    lease->granted += options_.pacer->acquire(lease->deferred_bytes - lease->granted, lease->batch);
-    if (lease->granted < lease->deferred_bytes) break;  // the budget is spent; later deadlines wait too
+  bool holding = false;
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    Lease& lease = **it;
+    if (!lease.arrived_at) {
+      if (!endpoints_->arrived(lease.id, ~std::uint64_t{0})) {
+        ++it;  // still being made: its arrival wakes this thread
+        continue;
+      }
+      lease.arrived_at = Clock::now();
+    }
+    if (holding) {
+      ++it;  // an earlier deadline waits for credit: later ones wait too
+      continue;
+    }
+    lease.granted += options_.pacer->acquire(lease.deferred_bytes - lease.granted, lease.batch);
+    if (lease.granted < lease.deferred_bytes) {
+      holding = true;
+      ++it;
+      continue;
+    }
     try {
-      post_deferred_now(*lease);
+      post_deferred_now(lease);
     } catch (const Error& e) {
       deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
       return false;
     }
-    ++posted;
+    it = deferred_.erase(it);
   }
-  deferred_.erase(deferred_.begin(), deferred_.begin() + static_cast<std::ptrdiff_t>(posted));
-  return !deferred_.empty();
+  return holding;
 }
 
 void OffloadClient::post_deferred_now(Lease& lease) {
-  if (trace::enabled()) {
-    trace::span("paced " + std::to_string(lease.batch), "data", lease.deferred_at, Clock::now(),
+  const auto now = Clock::now();
+  // A span only for a batch that waited for credit (not one granted on arrival).
+  if (trace::enabled() && lease.arrived_at && now - *lease.arrived_at > std::chrono::microseconds(100)) {
+    trace::span("paced " + std::to_string(lease.batch), "data", *lease.arrived_at, now,
                 {{"batch", static_cast<std::int64_t>(lease.batch)},
                  {"bytes", static_cast<std::int64_t>(lease.deferred_bytes)}});
   }

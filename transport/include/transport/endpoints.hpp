@@ -62,6 +62,10 @@ class Endpoints {
   // from for errors and dead-peer failure; -1 for any sender (or when the
   // sender has no endpoint here, as for a client that only receives).
   Request recv(Peer peer, void* buffer, std::size_t bytes, std::uint64_t tag, std::uint64_t mask);
+  // Whether a message matching (tag & mask) waits for a receive (for a large
+  // one, only its announcement: its data moves once the receive is posted).
+  // Leaves it there; progress() brings messages in.
+  bool arrived(std::uint64_t tag, std::uint64_t mask);
   // Completes once the earlier operations on the endpoint are done at the
   // peer, which also proves the connection is up.
   Request flush(Peer peer);

@@ -19,6 +19,12 @@ named ``dlhs-<i>`` for benchmarks by hand; ``down`` removes them.
 
 A process joins a host with ``Hosts.popen`` (``ip netns exec``) or, for a
 freshly spawned Python process, ``enter(name)`` before it imports UCX.
+
+A namespace separates the network, not the CPUs: every host runs on all of
+this machine's cores unless given ``cpus``, one CPU set per host, which
+``popen`` applies as the process's affinity (inherited by its threads and
+children). ``split_cpus`` makes such sets so that two kinds of hosts (the
+trainers' and the offloaders') do not share cores.
 """
 
 from __future__ import annotations
@@ -157,12 +163,53 @@ def enter(name: str) -> None:
             raise OSError(ctypes.get_errno(), f"{what} for namespace {name}")
 
 
+def split_cpus(groups: list[int], cpus: list[int] | None = None) -> list[set[int]]:
+    """CPU sets for hosts in groups (e.g. [2, 1]: 2 trainer hosts, then 1 offloader host).
+
+    The cores are shared out between the groups in proportion to their hosts,
+    at least one core each, and then within a group an equal core range per
+    host when there are enough cores (a remainder stays unused), else the
+    whole group's cores for each of its hosts. ValueError when there are fewer cores than groups.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    if len(cpus) < len(groups) or min(groups, default=0) < 1:
+        raise ValueError(f"split_cpus: {len(cpus)} core(s) cannot give {len(groups)} groups of hosts "
+                         f"{groups} a core each")
+    total, sets, start = sum(groups), [], 0
+    for i, hosts in enumerate(groups):
+        rest = len(groups) - i - 1  # groups after this one need a core each
+        share = len(cpus) - start - rest if rest == 0 else max(1, round(len(cpus) * hosts / total))
+        share = min(share, len(cpus) - start - rest)
+        mine = cpus[start:start + share]
+        start += share
+        if len(mine) >= hosts:
+            per = len(mine) // hosts
+            sets += [set(mine[h * per:(h + 1) * per]) for h in range(hosts)]  # equal hosts; a remainder idles
+        else:
+            sets += [set(mine) for _ in range(hosts)]
+    return sets
+
+
+def describe_cpus(cpus: set[int]) -> str:
+    """{0, 1, 2, 5} -> '0-2,5'."""
+    ordered, parts = sorted(cpus), []
+    for c in ordered:
+        if parts and parts[-1][1] == c - 1:
+            parts[-1][1] = c
+        else:
+            parts.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
 class Hosts:
     """n hosts (network namespaces) on one bridge, shaped if asked; removed on exit."""
 
-    def __init__(self, n: int, rate: str | None = None, delay: str | None = None, *, static: bool = False):
+    def __init__(self, n: int, rate: str | None = None, delay: str | None = None, *, static: bool = False,
+                 cpus: list[set[int]] | None = None):
         if n < 1 or n > 250:
             raise ValueError(f"Hosts: n must be in [1, 250], not {n}")
+        if cpus is not None and (len(cpus) != n or not all(cpus)):
+            raise ValueError(f"Hosts: cpus needs one non-empty CPU set per host ({n}), not {cpus}")
         ok, why = available()
         if not ok:
             raise RuntimeError(f"Hosts: {why}")
@@ -171,7 +218,7 @@ class Hosts:
                                "(modprobe sch_netem); shape the rate alone or run elsewhere")
         if rate:
             rate_bytes(rate)  # a clear error before anything is made
-        self.rate, self.delay = rate, delay
+        self.rate, self.delay, self.cpus = rate, delay, cpus
         tag = STATIC if static else f"{PREFIX}{os.getpid()}"
         self.names = [f"{tag}-{i}" for i in range(n)]
         self.addrs = [f"{SUBNET}.{i + 1}" for i in range(n)]
@@ -235,13 +282,17 @@ class Hosts:
         self.close()
 
     def popen(self, host: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
-        """Runs argv inside host `host` (``ip netns exec``); env as for subprocess (None: this one's)."""
+        """Runs argv inside host `host` (``ip netns exec``, on the host's CPUs); env as for subprocess."""
+        if self.cpus is not None:
+            cpus = self.cpus[host]
+            kw["preexec_fn"] = lambda: os.sched_setaffinity(0, cpus)
         return subprocess.Popen(["ip", "netns", "exec", self.names[host], *argv], env=env, **kw)
 
     def describe(self) -> str:
         shaping = ", ".join(x for x in (self.rate and f"rate {self.rate}", self.delay and f"delay {self.delay}") if x)
         lines = [f"{len(self.names)} host(s) on bridge {self._bridge} ({shaping or 'unshaped'}; device {DEVICE}):"]
-        lines += [f"  {name}  {addr}" for name, addr in zip(self.names, self.addrs)]
+        for i, (name, addr) in enumerate(zip(self.names, self.addrs)):
+            lines.append(f"  {name}  {addr}" + (f"  cpus {describe_cpus(self.cpus[i])}" if self.cpus else ""))
         return "\n".join(lines)
 
 

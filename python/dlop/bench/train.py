@@ -17,6 +17,11 @@ With ``--hosts H`` every process lives in a network-namespace host
 (dlop.bench.netns): ``--ranks-per-host`` (1 or 2) trainer ranks on each of the
 first H - ``--offloader-hosts`` hosts, one daemon on each remaining host, every
 link shaped by ``--link RATE`` (tbf). Without it everything runs on this host.
+A namespace does not separate CPUs, so by default (``--host-cpus split``) the
+trainer hosts and the offloader hosts get disjoint cores of this machine
+(``netns.split_cpus``: on 2 cores, both trainer hosts share core 0 and the
+offloader host has core 1), as separate machines would; ``--host-cpus all``
+lets every host use every core.
 
 Offloaded batches travel as uint8 (``--wire uint8``, the default; 4x less than
 float32) and are normalised on the trainer; ``--wire float32`` normalises in
@@ -34,14 +39,18 @@ timed steps and ranks, so that compute + exposed comm + data stall = step):
   last bucket to finish; the communication backward could not hide;
 * ``compute_ms``: step - data stall - exposed comm;
 * ``samples_per_s``: ranks x batch x timed steps / the slowest rank's time;
-* ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations (hand
-  over to completion) during training, every bucket of every timed step and
-  rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket sizes,
-  same group, handed over at the same offsets within the step as in
-  training, median offsets) replayed after training with the loader stopped,
-  so no data moves and nothing computes; p99 over ``--idle-reps`` rounds and
-  every rank. A bucket's duration includes waiting behind the buckets handed
-  over before it, in training and in the replay alike.
+* ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations during
+  training, every bucket of every timed step and rank, each from the moment
+  the last rank handed that bucket over (no all-reduce can start before; all
+  ranks run on this machine, so their clocks agree) to its completion on
+  this rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket
+  sizes, same group, handed over at the same offsets within the step as in
+  training, median offsets) replayed after training with the loader
+  stopped, so no data moves and nothing computes; p99 over ``--idle-reps``
+  rounds and every rank. A bucket's duration includes waiting behind the
+  buckets handed over before it, in training and in the replay alike; it
+  leaves out waiting for a slower rank's backward (``allreduce_skew_ms``,
+  the mean time from the first rank's hand-over to the last's in training).
 
 ``--runs R`` repeats the four configurations R times in turn, each run a fresh
 set of processes and process group; each column is the median over runs, and
@@ -96,6 +105,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=int, default=2, help="trainer ranks without --hosts")
     p.add_argument("--ranks-per-host", type=int, default=1, choices=(1, 2))
     p.add_argument("--offloader-hosts", type=int, default=1, help="hosts of their own for the daemons (--hosts)")
+    p.add_argument("--host-cpus", choices=("split", "all"), default="split",
+                   help="--hosts: trainer and offloader hosts on disjoint cores (split) or all on every core")
     p.add_argument("--data", help="an image folder; default: the built-in dataset, made once")
     p.add_argument("--images", type=int, default=640, help="images of the built-in dataset (10 classes)")
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output size")
@@ -160,9 +171,15 @@ class Cluster:
             if args.delay and not netns.netem_available():
                 raise SystemExit(f"--link {args.link}: this kernel has no netem qdisc, so a delay cannot be "
                                  "shaped; give the rate alone")
-            self.hosts = netns.Hosts(args.hosts, rate=args.rate, delay=args.delay)
             self.trainer_hosts = list(range(args.hosts - args.offloader_hosts))
             self.offloader_hosts = list(range(len(self.trainer_hosts), args.hosts))
+            cpus = None
+            if args.host_cpus == "split":
+                try:
+                    cpus = netns.split_cpus([len(self.trainer_hosts), len(self.offloader_hosts)])
+                except ValueError as e:
+                    raise SystemExit(f"--host-cpus split: {e}; give --host-cpus all") from e
+            self.hosts = netns.Hosts(args.hosts, rate=args.rate, delay=args.delay, cpus=cpus)
             self.world = len(self.trainer_hosts) * args.ranks_per_host
         else:
             self.trainer_hosts, self.offloader_hosts, self.world = [0], [0], args.ranks
@@ -181,9 +198,16 @@ class Cluster:
     def describe(self) -> str:
         if not self.hosts:
             return f"{self.world} trainer ranks and 1 offloader on this host (loopback, unshaped)"
+        from dlop.bench.netns import describe_cpus
+
         shaping = f"every link {self.args.rate} (tbf, both directions)" if self.args.rate else "links unshaped"
+        cpus = self.hosts.cpus
+        placed = ("every host on every core" if cpus is None else
+                  "cores: trainer hosts " + " / ".join(describe_cpus(cpus[h]) for h in self.trainer_hosts) +
+                  ", offloader hosts " + " / ".join(describe_cpus(cpus[h]) for h in self.offloader_hosts))
         return (f"{len(self.trainer_hosts)} trainer host(s) x {self.args.ranks_per_host} rank(s), "
-                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, {shaping}")
+                f"{len(self.offloader_hosts)} offloader host(s), network namespaces on one bridge, {shaping}, "
+                f"{placed}")
 
     def close(self) -> None:
         if self.hosts:
@@ -288,20 +312,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def since_last_handover(per_rank: list[list[list[tuple[float, float]]]]) -> tuple[list[float], list[float]]:
+    """Per rank, per step, per bucket (handed over, finished) -> every bucket's duration on every rank
+    from the last rank's hand-over, and per step and bucket the spread of the hand-overs."""
+    durations, skew = [], []
+    for step in zip(*per_rank, strict=True):
+        for bucket in zip(*step, strict=True):
+            handed = [t for t, _ in bucket]
+            durations += [max(0.0, f - max(handed)) for _, f in bucket]
+            skew.append(max(handed) - min(handed))
+    return durations, skew
+
+
 def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
     """One run's row from its ranks' measurements (definitions: the module docstring)."""
     def mean(key):
         return sum(sum(r[key]) / len(r[key]) for r in ranks) / len(ranks)
 
     step, data, exposed = (1e3 * mean(k) for k in ("step", "data", "exposed"))
-    durations = [d for r in ranks for d in r["allreduce"]]
-    idle = [d for r in ranks for d in r["idle"]]
+    durations, skew = since_last_handover([r["buckets"] for r in ranks])
+    idle, _ = since_last_handover([r["idle"] for r in ranks])
     return {"config": config, "ranks": len(ranks),
             "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
             "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
             "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
             "allreduce_p99_ms": 1e3 * percentile(durations, 0.99),
             "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
+            "allreduce_skew_ms": 1e3 * sum(skew) / max(1, len(skew)),
             "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
 
 
@@ -327,6 +364,7 @@ def main(argv=None) -> int:
     cluster = Cluster(args)  # refuses hosts or a link this machine cannot make, before anything runs
     data = args.data or builtin_dataset(args.images)
     header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
+                                host_cpus=args.host_cpus if args.hosts else None,
                                 ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
                                 workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,
                                 wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,

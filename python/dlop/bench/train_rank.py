@@ -146,7 +146,7 @@ def run_rank(spec: dict) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     batches = Batches(spec, rank, world)
-    steps = {"step": [], "data": [], "exposed": [], "allreduce": []}
+    steps = {"step": [], "data": [], "exposed": [], "buckets": []}
     launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
     dist.barrier()
     for i in range(spec["warmup"] + spec["steps"]):
@@ -168,14 +168,14 @@ def run_rank(spec: dict) -> None:
         steps["step"].append(t2 - t0)
         steps["data"].append(t1 - t0)
         steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
-        steps["allreduce"] += [f - t for t, f, _ in buckets]
+        steps["buckets"].append([(t, f) for t, f, _ in buckets])
     wall = time.perf_counter() - start
     batches.close()
     # DDP may rebuild its buckets after the first step: the last step's are the ones it keeps.
     sizes = [n for _, n in launches[-1]]
     alike = [step for step in launches if [n for _, n in step] == sizes]
     offsets = [_common.median([step[b][0] for step in alike]) for b in range(len(sizes))]
-    idle = replay_buckets(sizes, offsets, spec["idle_reps"])
+    idle = replay_buckets(sizes, offsets, spec["idle_reps"], _common.median(steps["step"]))
     result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
               "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
     Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
@@ -183,14 +183,16 @@ def run_rank(spec: dict) -> None:
     dist.destroy_process_group()
 
 
-def replay_buckets(sizes: list[int], offsets: list[float], reps: int) -> list[float]:
-    """The training step's bucket all-reduces again, same sizes and same hand-over times, with no data
-    moving and nothing computing; each one's duration, measured as the comm hook measures it."""
+def replay_buckets(sizes: list[int], offsets: list[float], reps: int,
+                   period: float) -> list[list[tuple[float, float]]]:
+    """The training step's bucket all-reduces again, same sizes, same hand-over times within a round and
+    rounds a training step apart (so links and threads idle between them as in training), with no data
+    moving and nothing computing; per round, each bucket's (handed over, finished) as in training."""
     import torch
     import torch.distributed as dist
 
     tensors = [torch.ones(n) for n in sizes]
-    durations = []
+    rounds = []
     for _ in range(reps):
         dist.barrier()
         start, futures = time.perf_counter(), []
@@ -198,9 +200,10 @@ def replay_buckets(sizes: list[int], offsets: list[float], reps: int) -> list[fl
             time.sleep(max(0.0, start + offset - time.perf_counter()))
             launched = time.perf_counter()
             future = dist.all_reduce(tensor, async_op=True).get_future()
-            futures.append(future.then(lambda _, t=launched: time.perf_counter() - t))
-        durations += [f.wait() for f in futures]
-    return durations
+            futures.append(future.then(lambda _, t=launched: (t, time.perf_counter())))
+        rounds.append([f.wait() for f in futures])
+        time.sleep(max(0.0, start + period - time.perf_counter()))
+    return rounds
 
 
 if __name__ == "__main__":

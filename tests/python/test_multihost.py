@@ -173,30 +173,3 @@ def test_rank_killed_on_one_host_is_named_by_the_others(hosts):
         assert errors, f"rank {rank} reported no error:\n{out[-1500:]}{err[-2500:]}"
         assert re.search(rf"\brank {victim}\b", errors[0]), f"rank {rank}'s error does not name rank {victim}: {errors[0]}"
 
-
-@pytest.mark.parametrize("groups, cpus, expected", [
-    ([2, 1], [0, 1], [{0}, {0}, {1}]),  # this machine: trainers share a core, the offloader has its own
-    ([2, 1], [0, 1, 2], [{0}, {1}, {2}]),
-    ([2, 1], list(range(16)), [{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}, {11, 12, 13, 14, 15}]),
-    ([1, 1], [3, 7], [{3}, {7}]),
-])
-def test_split_cpus_gives_each_group_of_hosts_its_own_cores(groups, cpus, expected):
-    assert netns.split_cpus(groups, cpus) == expected
-
-
-def test_split_cpus_refuses_fewer_cores_than_groups():
-    with pytest.raises(ValueError, match="1 core"):
-        netns.split_cpus([2, 1], [0])
-
-
-def test_a_hosts_processes_run_on_its_cores():
-    cores = sorted(os.sched_getaffinity(0))
-    sets = [{cores[0]}, {cores[-1]}]
-    with netns.Hosts(2, cpus=sets) as h:
-        for host, want in enumerate(sets):
-            out = h.popen(host, ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"], stdout=subprocess.PIPE,
-                          text=True).communicate(timeout=30)[0]
-            assert out.split()[-1] == str(*want), (host, out)
-        assert f"cpus {cores[-1]}" in h.describe()
-    with pytest.raises(ValueError, match="one non-empty CPU set per host"):
-        netns.Hosts(2, cpus=[{0}])

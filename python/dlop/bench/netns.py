@@ -202,7 +202,10 @@ def describe_cpus(cpus: set[int]) -> str:
 
 
 class Hosts:
-    """n hosts (network namespaces) on one bridge, shaped if asked; removed on exit."""
+    """n hosts (network namespaces) on one bridge, shaped if asked; removed on exit. One set per process at a
+    time (besides the CLI's static ones)."""
+
+    _open_in_process = False
 
     def __init__(self, n: int, rate: str | None = None, delay: str | None = None, *, static: bool = False,
                  cpus: list[set[int]] | None = None):
@@ -220,6 +223,9 @@ class Hosts:
             rate_bytes(rate)  # a clear error before anything is made
         self.rate, self.delay, self.cpus = rate, delay, cpus
         tag = STATIC if static else f"{PREFIX}{os.getpid()}"
+        if not static and Hosts._open_in_process:
+            raise RuntimeError("Hosts: this process has hosts already (names carry the pid, so a second set would "
+                               "clash): close them first")
         self.names = [f"{tag}-{i}" for i in range(n)]
         self.addrs = [f"{SUBNET}.{i + 1}" for i in range(n)]
         self.device = DEVICE
@@ -237,6 +243,7 @@ class Hosts:
 
     def _build(self) -> None:
         self._up = True
+        Hosts._open_in_process = not self.names[0].startswith(STATIC)
         _ip("link", "add", self._bridge, "type", "bridge")
         _ip("link", "set", self._bridge, "up")
         for name, outer, addr in zip(self.names, self._outer, self.addrs):
@@ -269,6 +276,8 @@ class Hosts:
         if not self._up:
             return
         self._up = False
+        if not self.names[0].startswith(STATIC):
+            Hosts._open_in_process = False
         for name in self.names:
             _ip("netns", "del", name, check=False)
         for outer in self._outer:

@@ -24,6 +24,7 @@ import dlop  # noqa: E402, F401
 
 impl, n = sys.argv[1], int(sys.argv[2])
 dist.init_process_group("dlop")
+# dlop: the default group as an object (LOOP_NONE=1: group=None, which costs torch a look-up per call)
 group = (None if os.environ.get("LOOP_NONE") else dist.group.WORLD) if impl == "dlop" else dist.new_group(backend=impl)
 t = torch.zeros(int(os.environ.get("LOOP_COUNT", "2")))
 for _ in range(2000):

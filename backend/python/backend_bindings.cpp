@@ -61,7 +61,7 @@ void bind_backend(py::module_& m) {
   // once: an unknown subclass of c10d::Work costs every call two failed type
   // look-ups (each hashing the mangled name) before the fallback to the base.
   py::class_<backend::WorkDlop, c10d::Work, GilFreeHolder<backend::WorkDlop>>(
-      m, "WorkDlop", py::dynamic_attr(), "the torch.distributed Work of a dlop collective");
+      m, "WorkDlop", "the torch.distributed Work of a dlop collective");
 }
 
 }  // namespace dlop::python

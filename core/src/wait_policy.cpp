@@ -171,24 +171,21 @@ void WaitPolicy::report_spin(std::chrono::nanoseconds wall, std::chrono::nanosec
 
 Waiter::Waiter(ProgressMode requested, std::chrono::microseconds spin, std::chrono::microseconds yield)
     : mode_(requested == ProgressMode::kAuto ? WaitPolicy::process().mode() : choose_wait_mode(requested, 1, 1).mode),
-      start_(Clock::now()) {
-  switch (mode_) {
-    case WaitMode::kSpin:
-      poll_until_ = requested == ProgressMode::kSpin ? Clock::time_point::max() : start_ + spin;
-      cpu_start_ = thread_cpu_time();
-      break;
-    case WaitMode::kYield: poll_until_ = start_ + yield; break;
-    case WaitMode::kSleep:
-      poll_until_ = start_;
-      polling_ = false;
-      break;
-  }
+      spin_whole_wait_(requested == ProgressMode::kSpin),
+      budget_(mode_ == WaitMode::kSpin ? spin : yield) {
+  if (mode_ == WaitMode::kSleep) polling_ = false;
 }
 
 Waiter::~Waiter() {
-  if (mode_ == WaitMode::kSpin && polling_) {
+  if (mode_ == WaitMode::kSpin && polling_ && start_ != Clock::time_point{}) {
     WaitPolicy::process().report_spin(Clock::now() - start_, thread_cpu_time() - cpu_start_);
   }
+}
+
+void Waiter::start(Clock::time_point now) {
+  start_ = now;
+  poll_until_ = spin_whole_wait_ ? Clock::time_point::max() : now + budget_;
+  if (mode_ == WaitMode::kSpin) cpu_start_ = thread_cpu_time();
 }
 
 bool Waiter::pause() {
@@ -202,6 +199,10 @@ bool Waiter::pause() {
     if ((rounds_ & 3u) != 0) return true;
   }
   const auto now = Clock::now();
+  if (start_ == Clock::time_point{}) {
+    start(now);
+    return true;
+  }
   if (now < poll_until_) return true;
   polling_ = false;
   if (mode_ == WaitMode::kSpin) WaitPolicy::process().report_spin(now - start_, thread_cpu_time() - cpu_start_);

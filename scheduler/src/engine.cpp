@@ -146,16 +146,20 @@ void Engine::wake_progress_thread() {
 }
 
 void Engine::try_progress() {
-  // A waiting caller calls this in a loop: the list of finished ops keeps its
-  // capacity between calls on this thread (no allocation per operation). A
-  // completion callback that progresses again finds the spare taken and uses
-  // a list of its own.
+  // A waiting caller calls this in a loop, mostly to find nothing finished:
+  // that pass touches neither the heap nor thread-local storage (a call into
+  // the TLS resolver from a shared library). A pass that finished ops hands
+  // them to this thread's list, which keeps its capacity between calls (and
+  // gives it to finished_), so none allocates either. A completion callback
+  // that progresses again finds the spare taken and uses a list of its own.
+  std::unique_lock lock(engine_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  progress_locked(finished_);
+  if (finished_.empty()) return;
   thread_local std::vector<std::shared_ptr<detail::OpState>> spare;
   std::vector<std::shared_ptr<detail::OpState>> finished = std::move(spare);
-  {
-    std::unique_lock lock(engine_mutex_, std::try_to_lock);
-    if (lock.owns_lock()) progress_locked(finished);
-  }
+  finished.swap(finished_);
+  lock.unlock();
   finish_all(finished);  // leaves it empty
   spare = std::move(finished);
 }
@@ -351,7 +355,14 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
     starting_.clear();
   }
   if (running_.empty()) return false;
-  mesh_->progress();
+  // Tasks that only poll shared memory need no UCX pass (a third of a small
+  // all-reduce's polling loop): their peers' deaths are found by their own
+  // liveness checks (StallWatch). One pass in kMemoryOnlyPasses still
+  // progresses UCX, for what else travels through it meanwhile (a peer's
+  // messages ahead of their receives, endpoint errors).
+  const bool memory_only = std::all_of(running_.begin(), running_.end(),
+                                       [](const auto& op) { return !op->task || op->task->polls_memory(); });
+  if (!memory_only || ++memory_only_passes_ % kMemoryOnlyPasses == 0) mesh_->progress();
   const auto now = coarse_now();
   in_flight_.clear();
   for (auto& op : running_) {

@@ -108,7 +108,10 @@ class Engine {
   Scheduling scheduling_;
   std::shared_ptr<DataCredits> data_credits_ = std::make_shared<DataCredits>();  // shared with data movers
   std::uint64_t started_ops_ = 0;  // engine lock
+  static constexpr unsigned kMemoryOnlyPasses = 16;
+  unsigned memory_only_passes_ = 0;  // engine lock: passes that ran only shared-memory tasks
   std::vector<detail::OpState*> in_flight_;  // engine lock: scratch of progress_locked
+  std::vector<std::shared_ptr<detail::OpState>> finished_;  // engine lock: try_progress's, empty between calls
   std::atomic<int> next_comm_id_{1};
 
   std::mutex engine_mutex_;  // the worker, the mesh, running_

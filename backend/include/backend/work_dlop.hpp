@@ -55,14 +55,14 @@ class WorkDlop : public c10d::Work {
   WorkDlop(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
            std::function<void()> finish);
   // Hooks the handles up; call once, right after construction.
-  void attach(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
+  void attach(std::vector<sched::Handle> handles, const std::shared_ptr<CompletionQueue>& queue);
   // Instead of attach, for a caller that waits at once (async_op=False):
   // waits for the handles on the calling thread and completes the Work before
   // it is returned, so no completion callback is registered and nothing is
   // handed to another thread. If a wait gives up while its operation still
   // runs (the engine stuck past the operation's deadline), the Work is
   // attached instead and completes when the operation does.
-  void complete_in_place(std::vector<sched::Handle> handles, std::shared_ptr<CompletionQueue> queue);
+  void complete_in_place(std::vector<sched::Handle> handles, const std::shared_ptr<CompletionQueue>& queue);
   // A handle that fails because a peer died tells the job through `faults`.
   void report_peer_deaths_to(const std::shared_ptr<FaultChannel>& faults) { faults_ = faults; }
 
@@ -89,6 +89,7 @@ class WorkDlop : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // future_mutex_
   bool finished_ = false;                           // future_mutex_: complete() has run
   std::exception_ptr error_;                        // the Work's error, fixed once finished_
+  std::atomic<bool> succeeded_{false};  // complete() ran, without error (wait's fast path)
   std::atomic<int> remaining_{0};
   std::atomic<bool> completing_{false};
   // A caller blocked in wait() claims the completion (kCallerWaiting); the last

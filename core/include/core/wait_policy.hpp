@@ -96,6 +96,10 @@ class WaitPolicy {
 // event (or sleep, see sleep_a_little). `requested` kAuto follows the
 // process's WaitPolicy; kSpin spins for the whole wait. A spin is reported to
 // the policy when its phase ends.
+//
+// The phase is timed from the first clock read, a few polls in: most waits of
+// small operations end before it, and a Waiter that reads no clock costs no
+// system call (the thread's CPU time, which judges a spin, is one).
 class Waiter {
  public:
   explicit Waiter(ProgressMode requested = config().progress, std::chrono::microseconds spin = config().spin,
@@ -111,8 +115,13 @@ class Waiter {
   void sleep_a_little();
 
  private:
+  // The first clock read: the phase starts, measured from now.
+  void start(std::chrono::steady_clock::time_point now);
+
   WaitMode mode_;
-  std::chrono::steady_clock::time_point start_;
+  bool spin_whole_wait_ = false;  // requested kSpin
+  std::chrono::microseconds budget_;  // of the polling phase
+  std::chrono::steady_clock::time_point start_;  // epoch until started
   std::chrono::steady_clock::time_point poll_until_;
   std::chrono::nanoseconds cpu_start_{0};
   std::chrono::microseconds sleep_{10};

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,12 +30,33 @@ void UcxWorker::abandon() {
   abandoned.emplace_back(worker_.release(), context_.release());
 }
 
+namespace {
+
+// dlop's UCX settings. Both change only traffic to other hosts: only sends
+// to other hosts ask for fast completion (Endpoints::send), and the segment
+// is TCP's. Measured in bench/results/multihost/README.md.
+std::vector<std::pair<std::string, std::string>> dlop_ucx_defaults() {
+  return {
+      // Fast-completion sends below this go eagerly (kRemoteEagerBytes).
+      {"RNDV_SEND_NBR_THRESH", std::to_string(kRemoteEagerBytes)},
+      // An eager message goes out in TCP segments of this size, each its own
+      // send call: UCX's 8 KiB costs 128 calls per MiB, a bound when the
+      // cores are few. (256 KiB, with receive segments to match, measured
+      // no better and slower at 1 MiB.)
+      {"TCP_TX_SEG_SIZE", "64k"},
+  };
+}
+
+}  // namespace
+
 UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
 
 UcxWorker::UcxWorker(const Options& options) {
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  for (const auto& [name, value] : options.ucx_config) {
+  auto settings = dlop_ucx_defaults();
+  settings.insert(settings.end(), options.ucx_config.begin(), options.ucx_config.end());
+  for (const auto& [name, value] : settings) {
     if (std::getenv(("UCX_" + name).c_str()) != nullptr) continue;
     const ucs_status_t modified = ucp_config_modify(config, name.c_str(), value.c_str());
     if (modified != UCS_OK) {

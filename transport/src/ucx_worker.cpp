@@ -32,18 +32,15 @@ void UcxWorker::abandon() {
 
 namespace {
 
-// dlop's UCX settings. Both change only traffic to other hosts: only sends
-// to other hosts ask for fast completion (Endpoints::send), and the segment
-// is TCP's. Measured in bench/results/multihost/README.md.
+// dlop's UCX settings. Each must be a ucp context setting: a transport's
+// (such as TCP_TX_SEG_SIZE) is not applied through ucp_config_modify by UCX
+// 1.13, which instead prints "invalid configuration" on the process's stdout
+// when the worker is made (breaking users that read a rank's stdout).
 std::vector<std::pair<std::string, std::string>> dlop_ucx_defaults() {
   return {
-      // Fast-completion sends below this go eagerly (kRemoteEagerBytes).
+      // Fast-completion sends (only those to other hosts, Endpoints::send)
+      // below this go eagerly (kRemoteEagerBytes).
       {"RNDV_SEND_NBR_THRESH", std::to_string(kRemoteEagerBytes)},
-      // An eager message goes out in TCP segments of this size, each its own
-      // send call: UCX's 8 KiB costs 128 calls per MiB, a bound when the
-      // cores are few. (256 KiB, with receive segments to match, measured
-      // no better and slower at 1 MiB.)
-      {"TCP_TX_SEG_SIZE", "64k"},
   };
 }
 

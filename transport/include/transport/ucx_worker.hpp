@@ -34,8 +34,9 @@ class UcxWorker {
     bool wakeup = true;
     // UCX settings for this context only (name without "UCX_", value), as
     // ucp_config_modify takes them, applied after dlop's own (ucx_worker.cpp:
-    // the eager threshold above and TCP's send segment size); a UCX_<name> in the
-    // environment wins over both.
+    // the eager threshold above); a UCX_<name> in the environment wins over
+    // both. Only ucp context settings: UCX 1.13 does not apply a transport's
+    // (TCP_..., POSIX_...) given this way, it warns on stdout.
     std::vector<std::pair<std::string, std::string>> ucx_config;
   };
 

@@ -83,14 +83,15 @@ void Request::release() {
 void Request::settle_abandoned_send() {
   Endpoints& e = *owner_;
   const int peer = slot_->peer;
-  if (peer < 0 || static_cast<std::size_t>(peer) >= e.peers_.size() || e.peers_[static_cast<std::size_t>(peer)]->same_host ||
-      e.peers_[static_cast<std::size_t>(peer)]->ep == nullptr) {
+  const auto* p = peer >= 0 && static_cast<std::size_t>(peer) < e.peers_.size()
+                      ? e.peers_[static_cast<std::size_t>(peer)].get()
+                      : nullptr;
+  if (p == nullptr || p->same_host || p->ep == nullptr) {
     e.sends_abandoned_ = true;
     return;
   }
-  const bool dead = e.peers_[static_cast<std::size_t>(peer)]->failure.has_value();
   const auto deadline = Clock::now() + std::min(e.options_.timeout, std::chrono::milliseconds(2000));
-  while (!dead && !slot_->ucx_done && Clock::now() < deadline) e.worker_.progress();
+  while (!p->failure && !slot_->ucx_done && Clock::now() < deadline) e.worker_.progress();
   if (slot_->ucx_done) return;
   e.sends_abandoned_ = true;
   e.close(peer, "a send to it was dropped unfinished");

@@ -47,5 +47,50 @@ TEST(MeshNetns, NamespacesAreHostsJoinedOverTcp) {
   });
 }
 
+// A send to another host below kRemoteEagerBytes completes before the
+// receiver posts its receive (eager: no rendezvous round trip), and every
+// size around the threshold arrives intact. Rank 1 sends each payload, waits
+// for its completion, then sends a marker; rank 0 waits for the marker (which
+// progresses UCX, parking the payload as unexpected) before it posts the
+// payload's receive. With a rendezvous the payload's send could not complete
+// before that receive, and rank 1 would time out.
+TEST(MeshNetns, SendsBelowTheEagerThresholdToAnotherHostDoNotWaitForTheReceiver) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (ip netns)";
+  test::NetnsHosts hosts(2);
+  if (!hosts.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << hosts.failed();
+  const std::vector<std::size_t> sizes = {0, 1, 4099, 256u << 10, (1u << 20) + 5, kRemoteEagerBytes - 1};
+  test::run_ranks(2, [&hosts, &sizes](Bootstrap& b) {
+    const std::string error = test::enter_netns(hosts.name(b.rank()));
+    ASSERT_TRUE(error.empty()) << error;
+    UcxWorker worker;
+    Mesh mesh(worker, b);
+    ASSERT_FALSE(mesh.is_local(1 - mesh.rank()));
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::size_t bytes = sizes[i];
+      const Tag payload_tag = 2 * i + 10;
+      const Tag marker_tag = payload_tag + 1;
+      std::uint32_t marker = 0;
+      if (mesh.rank() == 1) {
+        std::vector<std::uint8_t> out(bytes);
+        for (std::size_t k = 0; k < bytes; ++k) out[k] = static_cast<std::uint8_t>(k * 7 + i);
+        Request send = mesh.send(0, out.data(), bytes, payload_tag);
+        EXPECT_NO_THROW(send.wait(10s)) << bytes << " B: the send waited for the receiver";
+        marker = static_cast<std::uint32_t>(bytes);
+        mesh.send(0, &marker, sizeof(marker), marker_tag).wait(20s);
+      } else {
+        mesh.recv(1, &marker, sizeof(marker), marker_tag).wait(30s);
+        EXPECT_EQ(marker, bytes);
+        std::vector<std::uint8_t> in(bytes + 1, 0xEE), expected(bytes + 1, 0xEE);
+        for (std::size_t k = 0; k < bytes; ++k) expected[k] = static_cast<std::uint8_t>(k * 7 + i);
+        Request recv = mesh.recv(1, in.data(), bytes, payload_tag);
+        recv.wait(30s);
+        EXPECT_EQ(recv.received_bytes(), bytes);
+        EXPECT_EQ(in, expected) << bytes << " B";
+      }
+    }
+    mesh.fence(60s);
+  });
+}
+
 }  // namespace
 }  // namespace dlop::transport

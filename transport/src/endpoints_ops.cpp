@@ -58,6 +58,9 @@ Request Endpoints::send(Peer peer, const void* buffer, std::size_t bytes, std::u
   if (failed) return std::move(*failed);
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  // To another host, below kRemoteEagerBytes: eager, no rendezvous (ucx_worker.hpp).
+  // Same host: shared memory's rendezvous is a single copy (cma), kept.
+  if (!p->same_host) params.op_attr_mask |= UCP_OP_ATTR_FLAG_FAST_CMPL;
   params.cb.send = &Endpoints::on_send_done;
   return post_result(ucp_tag_send_nbx(p->ep, buffer, bytes, tag, &params), OpKind::kSend, peer, bytes);
 }

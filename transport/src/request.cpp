@@ -1,5 +1,7 @@
 #include "transport/request.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/wait_policy.hpp"
 #include "transport/endpoints.hpp"
@@ -56,6 +58,8 @@ void Request::release() {
     // A receive must not land in a buffer its owner may free now.
     if (slot_->kind == detail::OpKind::kRecv) {
       ucp_request_cancel(owner_->worker_.get(), slot_);
+    } else if (slot_->kind == detail::OpKind::kSend) {
+      settle_abandoned_send();
     } else {
       owner_->sends_abandoned_ = true;
     }
@@ -67,6 +71,30 @@ void Request::release() {
   }
   ucp_request_free(slot_);
   slot_ = nullptr;
+}
+
+// A send to another host goes eagerly (ucx_worker.hpp), so UCX reads its
+// buffer whenever the connection is up and the socket has room, which may be
+// after the owner, having dropped this request, frees the buffer. So finish it
+// here (a bounded while, as close_all does), and where it does not finish (a
+// peer that does not read, or a rendezvous nobody matches), drop it with a
+// forced close of that endpoint (peer error mode), which purges it without
+// reading. A send to this host keeps the old way: left to UCX.
+void Request::settle_abandoned_send() {
+  Endpoints& e = *owner_;
+  const int peer = slot_->peer;
+  const auto* p = peer >= 0 && static_cast<std::size_t>(peer) < e.peers_.size()
+                      ? e.peers_[static_cast<std::size_t>(peer)].get()
+                      : nullptr;
+  if (p == nullptr || p->same_host || p->ep == nullptr) {
+    e.sends_abandoned_ = true;
+    return;
+  }
+  const auto deadline = Clock::now() + std::min(e.options_.timeout, std::chrono::milliseconds(2000));
+  while (!p->failure && !slot_->ucx_done && Clock::now() < deadline) e.worker_.progress();
+  if (slot_->ucx_done) return;
+  e.sends_abandoned_ = true;
+  e.close(peer, "a send to it was dropped unfinished");
 }
 
 bool Request::test() {

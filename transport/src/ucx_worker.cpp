@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,12 +30,30 @@ void UcxWorker::abandon() {
   abandoned.emplace_back(worker_.release(), context_.release());
 }
 
+namespace {
+
+// dlop's UCX settings. Each must be a ucp context setting: a transport's
+// (such as TCP_TX_SEG_SIZE) is not applied through ucp_config_modify by UCX
+// 1.13, which instead prints "invalid configuration" on the process's stdout
+// when the worker is made (breaking users that read a rank's stdout).
+std::vector<std::pair<std::string, std::string>> dlop_ucx_defaults() {
+  return {
+      // Fast-completion sends (only those to other hosts, Endpoints::send)
+      // below this go eagerly (kRemoteEagerBytes).
+      {"RNDV_SEND_NBR_THRESH", std::to_string(kRemoteEagerBytes)},
+  };
+}
+
+}  // namespace
+
 UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
 
 UcxWorker::UcxWorker(const Options& options) {
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  for (const auto& [name, value] : options.ucx_config) {
+  auto settings = dlop_ucx_defaults();
+  settings.insert(settings.end(), options.ucx_config.begin(), options.ucx_config.end());
+  for (const auto& [name, value] : settings) {
     if (std::getenv(("UCX_" + name).c_str()) != nullptr) continue;
     const ucs_status_t modified = ucp_config_modify(config, name.c_str(), value.c_str());
     if (modified != UCS_OK) {

@@ -18,7 +18,9 @@ class Request {
   Request& operator=(Request&& other) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
-  // Releasing a pending request abandons it: UCX finishes or drops it later.
+  // Releasing a pending request abandons it: UCX finishes or drops it later,
+  // except a send to another host, settled before this returns (request.cpp),
+  // so its buffer may be freed after.
   ~Request();
 
   // Progresses the endpoints' worker once. True when complete; throws
@@ -50,6 +52,7 @@ class Request {
 
   const detail::RequestSlot& state() const { return slot_ != nullptr ? *slot_ : inline_; }
   void release();
+  void settle_abandoned_send();  // from release(), for a send UCX still holds
   [[noreturn]] void throw_failure() const;
 
   Endpoints* owner_ = nullptr;

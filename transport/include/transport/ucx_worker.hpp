@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +13,15 @@
 #include "transport/store.hpp"
 
 namespace dlop::transport {
+
+// Sends of fewer bytes to a peer on another host go eagerly: UCX pushes them
+// without waiting for the receiver (Endpoints::send asks for fast completion
+// there, and UcxWorker sets UCX's threshold for such sends to this). Over TCP a
+// rendezvous costs a round trip per message, and on a busy link its control
+// messages queue behind the data sent before them. Larger sends keep the
+// rendezvous, so an early sender never parks more than this at a receiver
+// per message.
+inline constexpr std::size_t kRemoteEagerBytes = std::size_t{2} << 20;
 
 // Throws dlop::Error(kTransport) naming the call and UCX's status string.
 void check_ucs(ucs_status_t status, const char* what);
@@ -23,7 +33,10 @@ class UcxWorker {
     // event fd. Transports without wake-up support are then left out.
     bool wakeup = true;
     // UCX settings for this context only (name without "UCX_", value), as
-    // ucp_config_modify takes them; a UCX_<name> in the environment wins.
+    // ucp_config_modify takes them, applied after dlop's own (ucx_worker.cpp:
+    // the eager threshold above); a UCX_<name> in the environment wins over
+    // both. Only ucp context settings: UCX 1.13 does not apply a transport's
+    // (TCP_..., POSIX_...) given this way, it warns on stdout.
     std::vector<std::pair<std::string, std::string>> ucx_config;
   };
 

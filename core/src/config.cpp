@@ -65,6 +65,10 @@ Config Config::from_env() {
     c.data_rate_mbps = static_cast<std::size_t>(parse_count("DLOP_DATA_RATE_MBPS", v));
     if (c.data_rate_mbps == 0) throw_error(Errc::kInvalidArgument, "DLOP_DATA_RATE_MBPS must be at least 1");
   }
+  if (const char* v = env("DLOP_DATA_PIECE_BYTES")) {
+    // 0: whole batches; below the protocol's least piece, the daemon refuses it by name.
+    c.data_piece_bytes = static_cast<std::size_t>(parse_count("DLOP_DATA_PIECE_BYTES", v));
+  }
   if (c.watchdog.count() == 0) {
     throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
   }

@@ -1,10 +1,11 @@
-// Pacing (OffloadClient::Options::pacer): a batch's UCX receive is posted
-// only once the daemon sent the batch and the pacer granted its bytes, so the
-// batch does not move before;
+// Pacing (OffloadClient::Options::pacer): each piece of a batch's UCX
+// receive is posted only once the daemon sent it and the pacer granted its
+// bytes, so the piece does not move before;
 // the progress thread posts it when granted, with no call of the consumer's.
 // Same host over UCX (direct writes off), as a daemon on another host sends.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -25,14 +26,19 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Grants nothing while closed, everything once opened, or `slice` bytes per
-// call; remembers what it was asked and told.
+// Grants nothing while closed (but the first `budget` bytes), everything
+// once opened, or `slice` bytes per call; remembers what it was asked and told.
 class GatePacer final : public DataPacer {
  public:
   std::size_t acquire(std::size_t bytes, std::uint64_t deadline_step) override {
     std::lock_guard lock(mutex_);
     deadlines.push_back(deadline_step);
-    if (!open.load()) return 0;
+    sizes.push_back(bytes);
+    if (!open.load()) {
+      const std::size_t granted = std::min(bytes, budget);
+      budget -= granted;
+      return granted;
+    }
     return slice == 0 ? bytes : std::min(bytes, slice);
   }
   void set_step(std::uint64_t step) override {
@@ -47,12 +53,18 @@ class GatePacer final : public DataPacer {
     std::lock_guard lock(mutex_);
     return steps;
   }
+  std::vector<std::size_t> asked_bytes() {
+    std::lock_guard lock(mutex_);
+    return sizes;
+  }
   std::atomic<bool> open{false};
   std::size_t slice = 0;
+  std::size_t budget = 0;
 
  private:
   std::mutex mutex_;
   std::vector<std::uint64_t> deadlines, steps;
+  std::vector<std::size_t> sizes;
 };
 
 // Big enough for UCX's rendezvous (a put after the receive matched).
@@ -70,10 +82,13 @@ void write_images(const test::TempDir& data, int n) {
 class PacedClient : public ::testing::Test {
  protected:
   PacedClient() { write_images(data, 5); }
-  std::unique_ptr<OffloadClient> connect() {
+  // Batches here are 5 x 3 x 64 x 64 floats and labels (245,800 bytes): one
+  // piece at the default size, four at the least one.
+  std::unique_ptr<OffloadClient> connect(std::size_t piece_bytes = config().data_piece_bytes) {
     auto client = std::make_unique<OffloadClient>(
         "127.0.0.1", d.port(), test::kToken,
-        OffloadClient::Options{.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer});
+        OffloadClient::Options{.name = "paced", .timeout = 30s, .progress = progress, .direct = false, .pacer = pacer,
+                               .piece_bytes = piece_bytes});
     client->configure({data.path().string(), kSpec, 7, 5});
     return client;
   }
@@ -157,6 +172,61 @@ TEST_F(PacedClient, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {
   again.produce(1, 0, 0, idx, buf.data(), buf.size());
   const auto c = again.wait(30s);
   ASSERT_TRUE(c && c->status == Completion::Status::kReady);
+}
+
+// A batch goes in pieces, each asked for when it arrives: a gradient that
+// starts while a batch moves waits behind one piece, not the whole batch.
+TEST_F(PacedClient, ABatchInPiecesMovesOnlyThePiecesGranted) {
+  constexpr std::size_t kPiece = protocol::kMinPieceBytes;
+  const auto owned = connect(kPiece);
+  OffloadClient& client = *owned;
+  const BatchLayout& layout = client.layout();
+  ASSERT_EQ(layout.batch_bytes, 245'800u);
+  std::vector<std::byte> buf(layout.batch_bytes, std::byte{0xab});
+  const std::vector<std::uint64_t> idx = {4, 2, 0, 3, 1};
+  pacer->budget = kPiece + 100;  // the first piece, and not all of the second
+  client.produce(9, 2, 6, idx, buf.data(), buf.size());
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(client.landed(9));
+  std::vector<std::byte> images(idx.size() * layout.sample_bytes);
+  std::vector<std::int64_t> labels(idx.size());
+  Pipeline::from_json(kSpec).run_batch(ImageFolder(data.path().string()), idx, 7, 2, images, labels);
+  EXPECT_EQ(std::memcmp(buf.data(), images.data(), kPiece), 0) << "the granted piece did not land";
+  EXPECT_TRUE(std::all_of(buf.begin() + kPiece, buf.end(), [](std::byte b) { return b == std::byte{0xab}; }))
+      << "bytes past the granted piece moved";
+  const auto held = pacer->asked_bytes();
+  ASSERT_GE(held.size(), 3u);
+  EXPECT_EQ(held[0], kPiece);        // piece 0, granted
+  EXPECT_EQ(held[1], kPiece);        // piece 1: 100 bytes granted ...
+  EXPECT_EQ(held[2], kPiece - 100);  // ... the rest asked for again
+  pacer->open = true;
+  const auto c = client.wait(30s);
+  ASSERT_TRUE(c && c->status == Completion::Status::kReady);
+  EXPECT_EQ(c->bytes, layout.batch_bytes);
+  EXPECT_EQ(std::memcmp(buf.data(), images.data(), images.size()), 0);
+  EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
+  const auto asked = pacer->asked_bytes();
+  EXPECT_EQ(asked.back(), layout.batch_bytes - 3 * kPiece) << "the last, short piece is asked for its own size";
+}
+
+TEST_F(PacedClient, ABatchHalfMovedInPiecesCanBeCanceled) {
+  const auto owned = connect(protocol::kMinPieceBytes);
+  OffloadClient& client = *owned;
+  std::vector<std::byte> buf(client.layout().batch_bytes);
+  const std::vector<std::uint64_t> idx = {0, 1, 2, 3, 4};
+  pacer->budget = 2 * protocol::kMinPieceBytes;
+  client.produce(3, 0, 5, idx, buf.data(), buf.size());
+  std::this_thread::sleep_for(1000ms);
+  client.cancel(3);
+  const auto c = client.wait(30s);
+  ASSERT_TRUE(c.has_value()) << "a lease canceled between its pieces never completed";
+  EXPECT_EQ(c->lease, 3u);
+  EXPECT_NE(c->status, Completion::Status::kFailed) << c->error;
+  // The connection still serves: the daemon's sends of the lease all ended.
+  pacer->open = true;
+  client.produce(4, 0, 6, idx, buf.data(), buf.size());
+  const auto next = client.wait(30s);
+  ASSERT_TRUE(next && next->status == Completion::Status::kReady);
 }
 
 TEST(OffloadPacing, LeaseManagerYieldsTheEpochOnceInOrderUnderSlicedCreditAndTellsTheSteps) {

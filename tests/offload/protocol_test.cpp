@@ -146,8 +146,8 @@ TEST(OffloadProtocol, MalformedFramesAreRefused) {
   const Bytes good = w.encode(MsgType::kPing, encode(Ping{1}));
   expect_refused(patched(good, 0, {'G', 'E', 'T', ' '}), "bad magic");
   expect_refused(Bytes{'H'}, "bad magic");  // refused before a whole header arrives
-  expect_refused(patched(good, 4, {2, 0}), "version 2 not supported");  // the version before the current one
-  expect_refused(patched(good, 4, {4, 0}), "version 4 not supported");
+  expect_refused(patched(good, 4, {3, 0}), "version 3 not supported");  // the version before the current one
+  expect_refused(patched(good, 4, {5, 0}), "version 5 not supported");
   expect_refused(patched(good, 6, {0, 0}), "unknown message type 0");
   expect_refused(patched(good, 6, {99, 0}), "unknown message type 99");
   expect_refused(patched(good, 8, {1, 0, 0, 0}), "unknown flags");

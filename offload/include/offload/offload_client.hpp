@@ -114,14 +114,19 @@ class OffloadClient {
     // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
     // per batch instead of twice. false: always over UCX.
     bool direct = true;
-    // With `progress`: a UCX batch's receive is posted from the progress
-    // thread once the daemon's batch has arrived there (its rendezvous
-    // announcement: the data move only after our receive matched it) and
-    // the pacer granted all its bytes. The pacer is asked when the data
-    // would move, not when the lease is issued, which may be steps earlier.
-    // Direct writes are not paced. null, or no progress thread: receives are
-    // posted at once.
+    // With `progress`: a UCX batch travels in pieces of `piece_bytes`, and
+    // each piece's receive is posted from the progress thread once the
+    // daemon's piece has arrived there (its rendezvous announcement: the
+    // data move only after our receive matched it) and the pacer granted
+    // its bytes. The pacer is asked when the data would move, not when the
+    // lease is issued (which may be steps earlier), and a gradient that
+    // starts meanwhile waits behind one piece at most, not a whole batch.
+    // Direct writes are not paced. null, or no progress thread: receives
+    // are posted at once, one per batch.
     std::shared_ptr<DataPacer> pacer;
+    // Paced batches' piece size: at least protocol::kMinPieceBytes, or 0
+    // for whole batches (DLOP_DATA_PIECE_BYTES).
+    std::size_t piece_bytes = config().data_piece_bytes;
   };
 
   // Rendezvous by put: the daemon writes each batch into the posted buffer
@@ -194,16 +199,20 @@ class OffloadClient {
   std::vector<protocol::Frame> pump(std::chrono::milliseconds timeout);
   // Waits up to `timeout` (0: options_.timeout) for a frame of `type` (or ERROR).
   protocol::Frame await(protocol::MsgType type, const char* what, std::chrono::milliseconds timeout = {});
-  void post_receive(Lease& lease, void* buffer, std::size_t bytes);
-  // post_receive now, or (with a pacer) once the batch arrived and the pacer granted it.
+  // Posts the lease's next piece's receive.
+  void post_piece(Lease& lease);
+  // Every piece now, or (paced) each once it arrived and the pacer granted it.
   void post_or_defer(Lease& lease, void* buffer, std::size_t bytes);
-  // The progress thread's hook (lock held): posts the deferred receives whose
-  // batch arrived and that the pacer grants, earliest deadline first. True
-  // while an arrived batch waits for credit (a poll soon, not a UCX event,
-  // will grant it).
+  // The progress thread's hook (lock held): posts the deferred pieces that
+  // arrived and that the pacer grants, earliest deadline first. True while
+  // an arrived piece waits for credit (a poll soon, not a UCX event, will
+  // grant it).
   bool post_granted();
-  // Posts a deferred lease's receive without asking (cancel, shutdown).
+  // Posts a deferred lease's next piece without asking (cancel, or granted).
   void post_deferred_now(Lease& lease);
+  // Cancels the lease's posted receives from piece `from` on.
+  void cancel_receives(Lease& lease, std::size_t from);
+  bool paced() const { return options_.pacer && options_.progress; }
   void on_answer(const protocol::Frame& frame);
   void collect();
   [[noreturn]] void fail(Errc code, const std::string& why);
@@ -230,7 +239,8 @@ class OffloadClient {
   std::unique_ptr<transport::Endpoints> endpoints_;  // before leases_, whose receives it holds
   protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
-  std::vector<Lease*> deferred_;  // leases of leases_ whose receive is not posted yet; under lock_worker()
+  std::size_t piece_bytes_ = 0;  // CONFIGURE's: 0 unless paced
+  std::vector<Lease*> deferred_;  // leases of leases_ with pieces not posted yet; under lock_worker()
   std::optional<std::string> deferred_failure_;  // a deferred post that failed on the progress thread
   std::deque<Completion> ready_;
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else

@@ -41,8 +41,9 @@ using Key = std::array<std::uint8_t, 32>;
 inline constexpr std::uint32_t kMagic = 0x464f4c44;  // bytes 'D' 'L' 'O' 'F'
 // 2: CONFIGURE carries the client's host and a Python dataset; 3: direct
 // writes into a same-host trainer (WELCOME's nonce, CONFIGURE's pid and proof,
-// CONFIGURED's direct, PRODUCE's address).
-inline constexpr std::uint16_t kVersion = 3;
+// CONFIGURED's direct, PRODUCE's address); 4: CONFIGURE's piece_bytes
+// (batches over UCX in pieces).
+inline constexpr std::uint16_t kVersion = 4;
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::size_t kMacBytes = 16;
 // Limits on one payload: before authentication (CHALLENGE, HELLO), and after.

@@ -42,6 +42,7 @@ inline constexpr std::size_t kMaxSpec = 64 * 1024;    // transform spec JSON
 inline constexpr std::size_t kMaxAddress = 64 * 1024; // UCX worker address
 inline constexpr std::size_t kMaxText = 4096;         // error messages, skip reasons
 inline constexpr std::uint32_t kMaxBatch = 1u << 20;  // samples per batch
+inline constexpr std::uint64_t kMinPieceBytes = 64u << 10;  // CONFIGURE's piece_bytes, unless 0
 inline constexpr std::size_t kMaxPython = 15u << 20;  // a pickled Dataset + collate_fn (the frame holds 16 MiB)
 
 // The values an enum field may take on the wire.
@@ -101,6 +102,10 @@ struct Configure {
   // attach) before it writes batches into that process. 0: over UCX only.
   std::uint32_t pid = 0;
   std::uint64_t proof_address = 0;
+  // Batches over UCX travel in pieces of this many bytes, each its own tagged
+  // message (ucx_batches.hpp), so that a trainer pacing its data can hold back
+  // the pieces that have not started. 0: one message per batch.
+  std::uint64_t piece_bytes = 0;
   static void fields(auto& m, auto& v) {
     v("worker_address", m.worker_address, kMaxAddress);
     v("host", m.host, kMaxName);
@@ -111,6 +116,7 @@ struct Configure {
     v("batch_size", m.batch_size);
     v("pid", m.pid);
     v("proof_address", m.proof_address);
+    v("piece_bytes", m.piece_bytes);
   }
   void check() const;
   bool operator==(const Configure&) const = default;

@@ -29,29 +29,46 @@ struct OffloadClient::Socket {
   net::UniqueFd fd;
 };
 
-// One open lease: the posted receive and whatever the daemon answered.
+// One open lease: the posted receives and whatever the daemon answered.
 struct OffloadClient::Lease {
   std::uint64_t id = 0;
   std::uint64_t batch = 0;
-  std::optional<transport::Request> recv;  // the posted UCX receive
   bool settled = false;     // no data will come (a direct lease's answer, a Python lease's failure)
   std::size_t direct_bytes = 0;
   std::uint32_t asked = 0;  // indices in the PRODUCE
   bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
-  // Not posted yet (in deferred_): where the receive will go, how many of
-  // its bytes the pacer granted so far, and since when the daemon's batch
-  // waits for them (unset: it has not arrived).
-  void* deferred_buffer = nullptr;
-  std::size_t deferred_bytes = 0;
+  // The batch's receive: `pieces` of `buffer`, recvs[k] the posted UCX
+  // receive of piece k. Pieces past recvs.size() and below `expected` are
+  // deferred (the lease is in deferred_): `granted` bytes of the next one are
+  // the pacer's so far, and it arrived at `arrived_at` (unset: not yet).
+  void* buffer = nullptr;
+  Pieces pieces;
+  std::size_t expected = 0;  // pieces that will be posted (fewer once the daemon said fewer come)
+  std::vector<transport::Request> recvs;
   std::size_t granted = 0;
   std::optional<Clock::time_point> arrived_at;
 
-  // UCX still holds the buffer.
-  bool receiving() const { return recv && !recv->done(); }
-  // The data are in, or none will come (the receive finished either way).
-  bool received() const { return settled || (recv && recv->done()); }
+  bool deferred() const { return recvs.size() < expected; }
+  // UCX still holds some of the buffer.
+  bool receiving() const {
+    return std::any_of(recvs.begin(), recvs.end(), [](const transport::Request& r) { return !r.done(); });
+  }
+  // The data are in, or none will come (every receive finished either way).
+  bool received() const { return settled || (!deferred() && !receiving()); }
+  // Why the batch of `bytes` did not land whole in pieces 0.., or nullopt.
+  std::optional<std::string> short_of(std::size_t bytes) {
+    const Pieces landed{bytes, pieces.piece_bytes};
+    if (landed.count() > recvs.size()) return "only " + std::to_string(recvs.size()) + " pieces were received";
+    for (std::size_t k = 0; k < landed.count(); ++k) {
+      if (auto why = failure_of(recvs[k])) return "piece " + std::to_string(k) + ": " + *why;
+      if (recvs[k].received_bytes() != landed.size(k)) {
+        return "piece " + std::to_string(k) + " holds " + std::to_string(recvs[k].received_bytes()) + " bytes";
+      }
+    }
+    return std::nullopt;
+  }
 };
 
 std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
@@ -73,11 +90,11 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
   endpoints_->set_any_name("dlop-offloader at " + address_);
   socket_->fd = net::connect_tcp(host, port, options_.timeout);
   handshake();
-  if (options_.pacer && options_.progress) options_.progress->set_hook(this, [this] { return post_granted(); });
+  if (paced()) options_.progress->set_hook(this, [this] { return post_granted(); });
 }
 
 OffloadClient::~OffloadClient() {
-  if (options_.pacer && options_.progress) options_.progress->remove_hook(this);
+  if (paced()) options_.progress->remove_hook(this);
   close_direct();
   auto lock = lock_worker();
   try {
@@ -154,7 +171,8 @@ void OffloadClient::release_receives() {
   auto lock = lock_worker();
   deferred_.clear();  // nothing was posted for them: no buffer of theirs is UCX's
   for (const auto& [id, lease] : leases_) {
-    if (lease->receiving()) lease->recv->cancel();
+    lease->expected = lease->recvs.size();
+    cancel_receives(*lease, 0);
   }
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   // A receive UCX holds (a Python lease before its BATCH_READY has none).
@@ -319,6 +337,12 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   m.python = config.python;
   m.seed = config.seed;
   m.batch_size = config.batch_size;
+  m.piece_bytes = paced() ? options_.piece_bytes : 0;
+  if (m.piece_bytes != 0 && m.piece_bytes < protocol::kMinPieceBytes) {
+    throw_error(Errc::kInvalidArgument, "offload client " + address_ + ": pieces of " + std::to_string(m.piece_bytes) +
+                                            " bytes (DLOP_DATA_PIECE_BYTES): at least " +
+                                            std::to_string(protocol::kMinPieceBytes) + ", or 0 for whole batches");
+  }
   if (options_.direct && config.python.empty() && welcome_.host == host_identity()) {
     direct_proof_ = welcome_.direct_nonce;
     m.pid = static_cast<std::uint32_t>(::getpid());
@@ -340,6 +364,7 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
     fail(Errc::kProtocol, "CONFIGURED layout too small for the batch size");
   }
   layout_ = configured;
+  piece_bytes_ = m.piece_bytes;
   return *layout_;
 }
 
@@ -367,7 +392,9 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
     m.address = reinterpret_cast<std::uintptr_t>(buffer);
   } else {
     // Unpaced: post before asking, so the batch finds its buffer (no
-    // unexpected-message copy). Paced: once it arrived and is granted.
+    // unexpected-message copy). Paced: piece by piece, once each arrived
+    // and is granted.
+    if (lease > kMaxLease) throw_error(Errc::kInvalidArgument, "lease " + std::to_string(lease) + " above 2^48 - 1");
     post_or_defer(*state, buffer, l.batch_bytes);
   }
   leases_.emplace(lease, std::move(state));
@@ -383,6 +410,7 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
   if (lease == 0 || leases_.contains(lease)) {
     throw_error(Errc::kInvalidArgument, "lease " + std::to_string(lease) + " is zero or already open");
   }
+  if (lease > kMaxLease) throw_error(Errc::kInvalidArgument, "lease " + std::to_string(lease) + " above 2^48 - 1");
   auto state = std::make_unique<Lease>();
   state->id = lease;
   state->batch = batch;
@@ -393,20 +421,28 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
   send(MsgType::kProduce, protocol::encode(m));
 }
 
-void OffloadClient::post_receive(Lease& lease, void* buffer, std::size_t bytes) {
+void OffloadClient::post_piece(Lease& lease) {
   auto lock = lock_worker();
-  // Tag = lease id, all bits: each lease's batch finds its own buffer.
-  lease.recv = endpoints_->recv(-1, buffer, bytes, lease.id, ~std::uint64_t{0});
-  if (lease.recv->done()) {
-    if (const auto why = failure_of(*lease.recv)) throw_error(Errc::kTransport, "posting a UCX receive: " + *why);
+  const std::size_t k = lease.recvs.size();
+  // All bits of the tag: each piece of each lease finds its own place.
+  lease.recvs.push_back(endpoints_->recv(-1, static_cast<std::byte*>(lease.buffer) + lease.pieces.offset(k),
+                                         lease.pieces.size(k), piece_tag(lease.id, k), ~std::uint64_t{0}));
+  lease.granted = 0;
+  lease.arrived_at.reset();
+  if (lease.recvs.back().done()) {
+    if (const auto why = failure_of(lease.recvs.back())) throw_error(Errc::kTransport, "posting a UCX receive: " + *why);
   }
 }
 
 void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes) {
-  if (!options_.pacer || !options_.progress) return post_receive(lease, buffer, bytes);
   auto lock = lock_worker();
-  lease.deferred_buffer = buffer;
-  lease.deferred_bytes = bytes;
+  lease.buffer = buffer;
+  lease.pieces = Pieces{bytes, piece_bytes_};
+  lease.expected = lease.pieces.count();
+  if (!paced()) {
+    while (lease.deferred()) post_piece(lease);
+    return;
+  }
   deferred_.push_back(&lease);
 }
 
@@ -416,54 +452,61 @@ bool OffloadClient::post_granted() {
   bool holding = false;
   for (auto it = deferred_.begin(); it != deferred_.end();) {
     Lease& lease = **it;
-    if (!lease.arrived_at) {
-      if (!endpoints_->arrived(lease.id, ~std::uint64_t{0})) {
-        ++it;  // still being made: its arrival wakes this thread
-        continue;
+    // Pieces arrive in order (one endpoint, sent in order): the next one's
+    // announcement means the ones before it were announced too.
+    while (!holding && lease.deferred()) {
+      const std::size_t k = lease.recvs.size();
+      if (!lease.arrived_at) {
+        if (!endpoints_->arrived(piece_tag(lease.id, k), ~std::uint64_t{0})) break;  // its arrival wakes this thread
+        lease.arrived_at = Clock::now();
       }
-      lease.arrived_at = Clock::now();
+      lease.granted += options_.pacer->acquire(lease.pieces.size(k) - lease.granted, lease.batch);
+      if (lease.granted < lease.pieces.size(k)) {
+        holding = true;  // an earlier deadline waits for credit: later ones wait too
+        break;
+      }
+      try {
+        post_deferred_now(lease);
+      } catch (const Error& e) {
+        deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
+        return false;
+      }
     }
-    if (holding) {
-      ++it;  // an earlier deadline waits for credit: later ones wait too
-      continue;
-    }
-    lease.granted += options_.pacer->acquire(lease.deferred_bytes - lease.granted, lease.batch);
-    if (lease.granted < lease.deferred_bytes) {
-      holding = true;
-      ++it;
-      continue;
-    }
-    try {
-      post_deferred_now(lease);
-    } catch (const Error& e) {
-      deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
-      return false;
-    }
-    it = deferred_.erase(it);
+    it = lease.deferred() ? it + 1 : deferred_.erase(it);
   }
   return holding;
 }
 
 void OffloadClient::post_deferred_now(Lease& lease) {
   const auto now = Clock::now();
-  // A span only for a batch that waited for credit (not one granted on arrival).
+  const std::size_t k = lease.recvs.size();
+  // A span only for a piece that waited for credit (not one granted on arrival).
   if (trace::enabled() && lease.arrived_at && now - *lease.arrived_at > std::chrono::microseconds(100)) {
     trace::span("paced " + std::to_string(lease.batch), "data", *lease.arrived_at, now,
                 {{"batch", static_cast<std::int64_t>(lease.batch)},
-                 {"bytes", static_cast<std::int64_t>(lease.deferred_bytes)}});
+                 {"piece", static_cast<std::int64_t>(k)},
+                 {"bytes", static_cast<std::int64_t>(lease.pieces.size(k))}});
   }
-  void* buffer = std::exchange(lease.deferred_buffer, nullptr);
-  post_receive(lease, buffer, lease.deferred_bytes);
+  post_piece(lease);
+}
+
+void OffloadClient::cancel_receives(Lease& lease, std::size_t from) {
+  for (std::size_t k = from; k < lease.recvs.size(); ++k) {
+    if (!lease.recvs[k].done()) lease.recvs[k].cancel();
+  }
 }
 
 void OffloadClient::cancel(std::uint64_t lease) {
   const auto it = leases_.find(lease);
   if (it == leases_.end()) return;
   {
-    // A daemon that sent already waits for our receive to match: post it,
-    // so its send ends and our receive can be canceled like any other.
+    // A daemon that sent already waits for our receives to match: post
+    // them, so its sends end and our receives can be canceled like any other.
     auto lock = lock_worker();
-    if (std::erase(deferred_, it->second.get()) > 0) post_deferred_now(*it->second);
+    Lease& l = *it->second;
+    if (std::erase(deferred_, &l) > 0) {
+      while (l.deferred()) post_deferred_now(l);
+    }
   }
   send(MsgType::kCancel, protocol::encode(protocol::Cancel{lease}));
 }
@@ -503,13 +546,22 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
     post_or_defer(lease, lease.buffer_for(ready.bytes), ready.bytes);
     return;
   }
-  // No data will come for a failed or canceled lease: take the buffer back.
   auto lock = lock_worker();
-  if (frame.type != MsgType::kBatchReady && std::erase(deferred_, &lease) > 0) {
-    lease.settled = true;  // its receive was never posted
+  if (frame.type != MsgType::kBatchReady) {
+    // No data will come for a failed or canceled lease: post no more pieces
+    // and take the buffer back.
+    std::erase(deferred_, &lease);
+    lease.expected = lease.recvs.size();
+    cancel_receives(lease, 0);
     return;
   }
-  if (frame.type != MsgType::kBatchReady && lease.receiving()) lease.recv->cancel();
+  // A batch shorter than the buffer (samples skipped) comes in fewer pieces.
+  const std::size_t coming = Pieces{protocol::decode<protocol::BatchReady>(frame.payload).bytes, piece_bytes_}.count();
+  if (coming < lease.expected) {
+    lease.expected = std::max(coming, lease.recvs.size());
+    cancel_receives(lease, coming);  // posted by cancel(): nothing will fill them
+    if (!lease.deferred()) std::erase(deferred_, &lease);
+  }
 }
 
 // Moves leases whose answer and receive are both in to the ready list.
@@ -528,13 +580,11 @@ void OffloadClient::collect() {
     if (lease.answer->type == MsgType::kBatchReady) {
       auto ready = protocol::decode<protocol::BatchReady>(lease.answer->payload);
       const bool python = layout_->dtype == protocol::Dtype::kPythonBlob;
-      const std::optional<std::string> failed = lease.recv ? failure_of(*lease.recv) : std::nullopt;
-      const std::size_t arrived = lease.recv ? lease.recv->received_bytes() : lease.direct_bytes;
-      if (failed || ready.bytes != arrived || ready.count > lease.asked ||
+      const std::optional<std::string> failed = lease.direct ? std::nullopt : lease.short_of(ready.bytes);
+      if (failed || ready.count > lease.asked ||
           (!python && ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8)) {
-        fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + ": " + std::to_string(arrived) +
-                                  " bytes arrived (" + failed.value_or("complete") + "), BATCH_READY says " +
-                                  std::to_string(ready.bytes));
+        fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + " of " + std::to_string(ready.bytes) +
+                                  " bytes (BATCH_READY) did not arrive whole: " + failed.value_or("complete"));
       }
       c.batch = ready.batch;
       c.count = ready.count;
@@ -564,7 +614,7 @@ std::vector<int> OffloadClient::wake_fds() {
 bool OffloadClient::landed(std::uint64_t lease) const {
   auto lock = lock_worker();
   const auto it = leases_.find(lease);
-  return it != leases_.end() && it->second->recv && it->second->recv->done();
+  return it != leases_.end() && !it->second->recvs.empty() && it->second->received();
 }
 
 std::optional<Completion> OffloadClient::poll() { return wait(std::chrono::milliseconds(0)); }

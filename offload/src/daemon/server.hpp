@@ -80,6 +80,7 @@ class Server {
     std::unique_ptr<PythonWorkers> python;  // the generic Python path's workers, killed with the connection
     std::optional<protocol::Configure> loading;  // a Python CONFIGURE whose workers are still loading
     std::uint64_t endpoint = 0;  // UcxSender id, 0 until CONFIGURE
+    std::size_t piece_bytes = 0;  // CONFIGURE's: batches over UCX go in pieces of this size
     protocol::Nonce direct_nonce{};  // sent in WELCOME; a same-host client shows it back from its memory
     std::uint32_t direct_pid = 0;    // nonzero: batches are written straight into this client process
     std::map<std::uint64_t, Lease> leases;

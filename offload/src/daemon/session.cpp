@@ -22,6 +22,8 @@ namespace {
 // The largest batch buffer a client may ask for: a bound on the daemon's
 // staging memory (a few of these at once), far above any sensible batch.
 constexpr std::uint64_t kMaxBatchBytes = 2ull << 30;
+// So that every batch (and every Python blob, of at most as many bytes) fits its tags.
+static_assert(kMaxBatchBytes / protocol::kMinPieceBytes <= kMaxPieces);
 
 // Whether process `pid` holds `nonce` at `address`: the client that asked for
 // direct writes proves so that it is that process (only it, or whoever may
@@ -117,6 +119,7 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
     const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
     c.endpoint = endpoint;
+    c.piece_bytes = m.piece_bytes;
     if (m.pid != 0 && m.host == host_identity() && holds_nonce(m.pid, m.proof_address, c.direct_nonce)) {
       c.direct_pid = m.pid;
       layout.direct = true;
@@ -165,6 +168,7 @@ void Server::on_python_loads() {
       layout.dataset_size = c.python->dataset_size();
       layout.dtype = protocol::Dtype::kPythonBlob;
       c.endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
+      c.piece_bytes = m.piece_bytes;
       c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, std::nullopt, true, m.seed, m.batch_size, layout});
       log().info("offloader: connection {} configured: generic Python path, {} samples, batch {}, {} workers", c.id,
                  layout.dataset_size, m.batch_size, options_.threads);
@@ -258,7 +262,7 @@ void Server::on_results() {
     auto staging = std::make_shared<Staging>(std::move(r.staging));
     const std::byte* data = staging->data.get();
     ++sends_in_flight_;
-    sender_->send(c->endpoint, data, r.bytes, r.job.lease,
+    sender_->send(c->endpoint, data, Pieces{r.bytes, c->piece_bytes}, r.job.lease,
                  [this, staging, conn = c->id, lease = r.job.lease, ready = std::move(r.ready),
                   start = Clock::now(), announce](const std::optional<std::string>& error) mutable {
                    --sends_in_flight_;

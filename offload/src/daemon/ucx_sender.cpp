@@ -4,7 +4,6 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "ucx_batches.hpp"
 
 namespace dlop::offload::daemon {
 
@@ -61,24 +60,35 @@ void UcxSender::disconnect(EndpointId id) {
   endpoints_->close(static_cast<int>(id - 1), "the client's connection closed");
 }
 
-void UcxSender::send(EndpointId id, const void* data, std::size_t bytes, std::uint64_t tag, Done done) {
+void UcxSender::send(EndpointId id, const void* data, Pieces pieces, std::uint64_t lease, Done done) {
   if (id == 0 || id > endpoints_->size()) throw_error(Errc::kInvalidArgument, "send on an unknown UCX endpoint");
-  pending_.push_back(Pending{endpoints_->send(static_cast<int>(id - 1), data, bytes, tag), std::move(done)});
+  if (pieces.count() > kMaxPieces || lease > kMaxLease) {
+    throw_error(Errc::kInvalidArgument, "a batch of " + std::to_string(pieces.bytes) + " bytes in more than " +
+                                            std::to_string(kMaxPieces) + " pieces, or lease " + std::to_string(lease));
+  }
+  auto batch = std::make_shared<Batch>(Batch{pieces.count(), std::nullopt, std::move(done)});
+  const auto* bytes = static_cast<const std::byte*>(data);
+  for (std::size_t k = 0; k < pieces.count(); ++k) {
+    pending_.push_back(Pending{endpoints_->send(static_cast<int>(id - 1), bytes + pieces.offset(k), pieces.size(k),
+                                                piece_tag(lease, k)),
+                               batch});
+  }
 }
 
 bool UcxSender::progress() {
   bool any = false;
   while (endpoints_->progress()) any = true;
-  // Run the callbacks of completed sends (outside UCX's callback, so they may
-  // post new sends or close endpoints).
-  std::vector<Pending> ready;
+  // Run the callbacks of completed batches (outside UCX's callback, so they
+  // may post new sends or close endpoints).
+  std::vector<std::shared_ptr<Batch>> ready;
   std::erase_if(pending_, [&](Pending& p) {
-    // The buffer goes back to the executor with `done`: only once UCX let go.
+    // The buffer goes back to the executor with `done`: only once UCX let go of every piece.
     if (!p.request.done() || !p.request.released_by_ucx()) return false;
-    ready.push_back(std::move(p));
+    if (!p.batch->error) p.batch->error = failure_of(p.request);
+    if (--p.batch->pieces_left == 0) ready.push_back(p.batch);
     return true;
   });
-  for (auto& p : ready) p.done(failure_of(p.request));
+  for (auto& b : ready) b->done(b->error);
   return any || !ready.empty();
 }
 

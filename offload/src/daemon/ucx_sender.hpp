@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "offload/protocol.hpp"
+#include "ucx_batches.hpp"
 #include "transport/endpoints.hpp"
 
 namespace dlop::offload::daemon {
@@ -37,10 +38,12 @@ class UcxSender {
   // Force-closes the endpoint: its pending sends complete with an error.
   void disconnect(EndpointId id);
 
-  // Sends `bytes` at `data` with `tag`; `data` must stay valid until `done`
-  // runs. A send to a failed endpoint fails at once (done still runs from
-  // progress(), never from inside send()).
-  void send(EndpointId id, const void* data, std::size_t bytes, std::uint64_t tag, Done done);
+  // Sends the batch at `data` for `lease`, piece by piece (ucx_batches.hpp);
+  // `data` must stay valid until `done` runs, once, after every piece
+  // finished (with the first piece's error, if any). A send to a failed
+  // endpoint fails at once (done still runs from progress(), never from
+  // inside send()).
+  void send(EndpointId id, const void* data, Pieces pieces, std::uint64_t lease, Done done);
 
   // Progresses UCX and runs completions; true if anything happened.
   bool progress();
@@ -48,9 +51,14 @@ class UcxSender {
   bool arm() { return worker_->arm(); }
 
  private:
+  struct Batch {
+    std::size_t pieces_left = 0;
+    std::optional<std::string> error;
+    Done done;
+  };
   struct Pending {
     transport::Request request;
-    Done done;
+    std::shared_ptr<Batch> batch;
   };
 
   std::vector<Pending> pending_;

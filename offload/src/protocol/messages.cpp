@@ -191,6 +191,9 @@ M decode(std::span<const std::uint8_t> payload) {
 void Configure::check() const {
   if (worker_address.empty()) bad("CONFIGURE without a UCX worker address");
   if (batch_size == 0 || batch_size > kMaxBatch) bad("CONFIGURE batch size " + std::to_string(batch_size) + " out of range");
+  if (piece_bytes != 0 && piece_bytes < kMinPieceBytes) {
+    bad("CONFIGURE piece size " + std::to_string(piece_bytes) + " below " + std::to_string(kMinPieceBytes) + " bytes");
+  }
 }
 
 void Configured::check() const {

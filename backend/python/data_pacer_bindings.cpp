@@ -29,6 +29,9 @@ class EngineDataPacer final : public offload::DataPacer {
     return credits_->acquire(bytes, deadline_step);
   }
   void set_step(std::uint64_t step) override { credits_->set_step(step); }
+  std::chrono::microseconds retry_after(std::size_t bytes) override { return credits_->time_for(bytes); }
+  void add_waker(const void* key, std::function<void()> wake) override { credits_->add_waker(key, std::move(wake)); }
+  void remove_waker(const void* key) override { credits_->remove_waker(key); }
 
  private:
   std::shared_ptr<sched::DataCredits> credits_;

@@ -82,8 +82,8 @@ void write_images(const test::TempDir& data, int n) {
 class PacedClient : public ::testing::Test {
  protected:
   PacedClient() { write_images(data, 5); }
-  // Batches here are 5 x 3 x 64 x 64 floats and labels (245,800 bytes): one
-  // piece at the default size, four at the least one.
+  // Batches here are 5 x 3 x 64 x 64 floats and labels (245,800 bytes):
+  // whole by default, four pieces at the least piece size.
   std::unique_ptr<OffloadClient> connect(std::size_t piece_bytes = config().data_piece_bytes) {
     auto client = std::make_unique<OffloadClient>(
         "127.0.0.1", d.port(), test::kToken,

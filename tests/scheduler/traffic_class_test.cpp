@@ -160,25 +160,50 @@ TEST(Communicator, TrafficClassesOffGivesExactResultsUnchunked) {
 
 TEST(Communicator, DataCreditsAreFreeWithoutGradientsAndPacedWithThem) {
   using Clock = DataCredits::Clock;
-  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms});
+  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms, .burst = 10ms});
   const auto t0 = Clock::now();
   EXPECT_EQ(credits.acquire(1u << 30, 10, t0), 1u << 30);  // no gradient: everything
-  credits.gradient_started();
-  credits.gradient_started();
+  credits.gradient_started(t0);
+  credits.gradient_started(t0 + 5ms);  // a second one does not restart the accrual
   EXPECT_TRUE(credits.gradient_in_flight());
-  EXPECT_EQ(credits.acquire(600, 10, t0), 600u);
-  EXPECT_EQ(credits.acquire(600, 10, t0), 400u);  // the rest of this interval's budget
-  EXPECT_EQ(credits.acquire(600, 10, t0 + 500us), 0u);
-  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 1000u);  // a new interval
+  EXPECT_EQ(credits.acquire(600, 10, t0), 0u);  // nothing saved from before the gradient
+  EXPECT_EQ(credits.time_for(600, t0), 600us);
+  EXPECT_EQ(credits.acquire(600, 10, t0 + 1ms), 600u);  // 1000 accrued
+  EXPECT_EQ(credits.acquire(600, 10, t0 + 1ms), 400u);  // the rest of it
+  EXPECT_EQ(credits.acquire(600, 10, t0 + 1500us), 500u);
+  EXPECT_EQ(credits.time_for(2000, t0 + 1500us), 2000us);
+  EXPECT_EQ(credits.acquire(50'000, 10, t0 + 100ms), 10'000u) << "saved up beyond the burst";
   credits.set_step(8);
-  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 0u);
+  EXPECT_EQ(credits.acquire(5000, 10, t0 + 100ms), 0u);
   credits.set_step(9);
-  EXPECT_EQ(credits.acquire(5000, 10, t0 + 1ms), 5000u);  // due next step: escalated
-  EXPECT_EQ(credits.acquire(5000, 3, t0 + 1ms), 5000u);   // overdue
+  EXPECT_EQ(credits.acquire(5000, 10, t0 + 100ms), 5000u);  // due next step: escalated
+  EXPECT_EQ(credits.acquire(5000, 3, t0 + 100ms), 5000u);   // overdue
   credits.gradient_finished();
   EXPECT_TRUE(credits.gradient_in_flight());
   credits.gradient_finished();
-  EXPECT_EQ(credits.acquire(5000, 100, t0 + 1ms), 5000u);
+  EXPECT_EQ(credits.acquire(5000, 100, t0 + 100ms), 5000u);
+  // A new gradient starts from nothing again.
+  credits.gradient_started(t0 + 200ms);
+  EXPECT_EQ(credits.acquire(5000, 100, t0 + 200ms), 0u);
+  credits.gradient_finished();
+}
+
+TEST(Communicator, DataCreditsWakeTheirMoversWhenTheLastGradientFinishes) {
+  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms, .burst = 10ms});
+  int woken = 0, other = 0;
+  credits.add_waker(&woken, [&] { ++woken; });
+  credits.add_waker(&other, [&] { ++other; });
+  credits.gradient_started();
+  credits.gradient_started();
+  credits.gradient_finished();
+  EXPECT_EQ(woken, 0) << "woken while a gradient still moves";
+  credits.gradient_finished();
+  EXPECT_EQ(woken, 1);
+  credits.remove_waker(&other);
+  credits.gradient_started();
+  credits.gradient_finished();
+  EXPECT_EQ(woken, 2);
+  EXPECT_EQ(other, 1) << "a removed waker ran";
 }
 
 // The engine counts its gradient collectives in flight for the credits.

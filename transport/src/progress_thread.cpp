@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -33,10 +34,12 @@ ProgressThread::ProgressThread(std::shared_ptr<UcxWorker> worker, const std::str
   stop_fd_ = make_eventfd();
   try {
     activity_fd_ = make_eventfd();
+    wake_fd_ = make_eventfd();
     thread_ = std::thread([this] { run(); });
   } catch (...) {
-    ::close(stop_fd_);
-    if (activity_fd_ >= 0) ::close(activity_fd_);
+    for (const int fd : {stop_fd_, activity_fd_, wake_fd_}) {
+      if (fd >= 0) ::close(fd);
+    }
     throw;
   }
   ::pthread_setname_np(thread_.native_handle(), name.substr(0, 15).c_str());
@@ -48,7 +51,10 @@ ProgressThread::~ProgressThread() {
   thread_.join();
   ::close(stop_fd_);
   ::close(activity_fd_);
+  ::close(wake_fd_);
 }
+
+void ProgressThread::wake() { signal(wake_fd_); }
 
 void ProgressThread::drain_activity() {
   std::uint64_t count = 0;
@@ -69,11 +75,13 @@ void ProgressThread::run() {
   while (!stopping_.load(std::memory_order_relaxed)) {
     bool any = false;
     bool armed = false;
-    bool hooks_wait = false;
+    std::chrono::microseconds look_again{10'000};
     try {
       std::lock_guard guard(mutex_);
       while (worker_->progress()) any = true;
-      for (const auto& [key, hook] : hooks_) hooks_wait = hook() || hooks_wait;
+      for (const auto& [key, hook] : hooks_) {
+        if (const auto within = hook()) look_again = std::min(look_again, *within);
+      }
       while (worker_->progress()) any = true;  // what a hook posted
       armed = worker_->arm();
     } catch (const std::exception& e) {
@@ -88,8 +96,13 @@ void ProgressThread::run() {
     // an endpoint's wire-up) does not signal the event fd, yet may need
     // progress to move; 10 ms bounds that wait. Without wake-up support this is
     // the polling interval.
-    pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {worker_->event_fd(), POLLIN, 0}};
-    ::poll(fds, worker_->can_sleep() ? 2 : 1, worker_->can_sleep() && !hooks_wait ? 10 : 1);
+    const int ms = static_cast<int>(std::max<std::int64_t>(1, (look_again.count() + 999) / 1000));
+    pollfd fds[3] = {{stop_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {worker_->event_fd(), POLLIN, 0}};
+    ::poll(fds, worker_->can_sleep() ? 3 : 2, worker_->can_sleep() ? ms : 1);
+    if (fds[1].revents & POLLIN) {
+      std::uint64_t woken = 0;
+      [[maybe_unused]] const ssize_t n = ::read(wake_fd_, &woken, sizeof(woken));
+    }
   }
 }
 

@@ -23,7 +23,7 @@ struct Config {
   std::size_t chunk_bytes = 8u << 20;             // DLOP_CHUNK_BYTES: all-reduces above this run in chunks
   std::string trace_dir;                          // DLOP_TRACE: write a Chrome trace per process here
   std::size_t data_rate_mbps = 1000;              // DLOP_DATA_RATE_MBPS: offloaded batches' MB/s while gradients move
-  std::size_t data_piece_bytes = 256u << 10;      // DLOP_DATA_PIECE_BYTES: paced batches travel in pieces (0: whole)
+  std::size_t data_piece_bytes = 0;               // DLOP_DATA_PIECE_BYTES: paced batches travel in pieces (0: whole)
 
   // Reads the environment; throws dlop::Error naming the variable on a bad value.
   static Config from_env();

@@ -87,6 +87,12 @@ class DataPacer {
   virtual std::size_t acquire(std::size_t bytes, std::uint64_t deadline_step) = 0;
   // The step now running: the position of the batch the consumer took last.
   virtual void set_step(std::uint64_t step) = 0;
+  // When to ask again for `bytes` refused now (sooner if woken).
+  virtual std::chrono::microseconds retry_after(std::size_t /*bytes*/) { return std::chrono::milliseconds(1); }
+  // `wake` runs (from any thread, quickly) when refused data may move at
+  // once; one per key, removed before `wake`'s target dies. None by default.
+  virtual void add_waker(const void* /*key*/, std::function<void()> /*wake*/) {}
+  virtual void remove_waker(const void* /*key*/) {}
 };
 
 class OffloadClient {
@@ -114,9 +120,9 @@ class OffloadClient {
     // one TCP answer per batch and no UCX rendezvous: the trainer wakes once
     // per batch instead of twice. false: always over UCX.
     bool direct = true;
-    // With `progress`: a UCX batch travels in pieces of `piece_bytes`, and
-    // each piece's receive is posted from the progress thread once the
-    // daemon's piece has arrived there (its rendezvous announcement: the
+    // With `progress`: a UCX batch travels in pieces of `piece_bytes` (or
+    // whole), and each piece's receive is posted from the progress thread
+    // once the daemon's piece has arrived there (its rendezvous announcement: the
     // data move only after our receive matched it) and the pacer granted
     // its bytes. The pacer is asked when the data would move, not when the
     // lease is issued (which may be steps earlier), and a gradient that
@@ -125,8 +131,12 @@ class OffloadClient {
     // are posted at once, one per batch.
     std::shared_ptr<DataPacer> pacer;
     // Paced batches' piece size: at least protocol::kMinPieceBytes, or 0
-    // for whole batches (DLOP_DATA_PIECE_BYTES).
+    // for whole batches (DLOP_DATA_PIECE_BYTES, default 0: see
+    // docs/architecture.md for why).
     std::size_t piece_bytes = config().data_piece_bytes;
+    // Paced pieces (whole batches with piece_bytes 0) moving at once
+    // (posted, not landed), over all leases.
+    std::size_t pieces_in_flight = 2;
   };
 
   // Rendezvous by put: the daemon writes each batch into the posted buffer
@@ -204,10 +214,10 @@ class OffloadClient {
   // Every piece now, or (paced) each once it arrived and the pacer granted it.
   void post_or_defer(Lease& lease, void* buffer, std::size_t bytes);
   // The progress thread's hook (lock held): posts the deferred pieces that
-  // arrived and that the pacer grants, earliest deadline first. True while
-  // an arrived piece waits for credit (a poll soon, not a UCX event, will
-  // grant it).
-  bool post_granted();
+  // arrived and that the pacer grants, earliest deadline first. While an
+  // arrived piece waits for credit: when to look again (the pacer's word;
+  // no UCX event will come for it).
+  std::optional<std::chrono::microseconds> post_granted();
   // Posts a deferred lease's next piece without asking (cancel, or granted).
   void post_deferred_now(Lease& lease);
   // Cancels the lease's posted receives from piece `from` on.
@@ -240,7 +250,8 @@ class OffloadClient {
   protocol::Nonce direct_proof_{};  // WELCOME's nonce, where a same-host daemon reads it (CONFIGURE)
   std::map<std::uint64_t, std::unique_ptr<Lease>> leases_;
   std::size_t piece_bytes_ = 0;  // CONFIGURE's: 0 unless paced
-  std::vector<Lease*> deferred_;  // leases of leases_ with pieces not posted yet; under lock_worker()
+  // Leases of leases_ with pieces not posted or not landed yet (paced); under lock_worker().
+  std::vector<Lease*> deferred_;
   std::optional<std::string> deferred_failure_;  // a deferred post that failed on the progress thread
   std::deque<Completion> ready_;
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else

@@ -41,8 +41,8 @@ struct OffloadClient::Lease {
   BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
   // The batch's receive: `pieces` of `buffer`, recvs[k] the posted UCX
   // receive of piece k. Pieces past recvs.size() and below `expected` are
-  // deferred (the lease is in deferred_): `granted` bytes of the next one are
-  // the pacer's so far, and it arrived at `arrived_at` (unset: not yet).
+  // deferred (paced; the lease is in deferred_): `granted` bytes of the next
+  // one are the pacer's so far, and it arrived at `arrived_at` (unset: not yet).
   void* buffer = nullptr;
   Pieces pieces;
   std::size_t expected = 0;  // pieces that will be posted (fewer once the daemon said fewer come)
@@ -90,11 +90,17 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
   endpoints_->set_any_name("dlop-offloader at " + address_);
   socket_->fd = net::connect_tcp(host, port, options_.timeout);
   handshake();
-  if (paced()) options_.progress->set_hook(this, [this] { return post_granted(); });
+  if (paced()) {
+    options_.progress->set_hook(this, [this] { return post_granted(); });
+    options_.pacer->add_waker(this, [progress = options_.progress.get()] { progress->wake(); });
+  }
 }
 
 OffloadClient::~OffloadClient() {
-  if (paced()) options_.progress->remove_hook(this);
+  if (paced()) {
+    options_.pacer->remove_waker(this);
+    options_.progress->remove_hook(this);
+  }
   close_direct();
   auto lock = lock_worker();
   try {
@@ -446,34 +452,45 @@ void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes)
   deferred_.push_back(&lease);
 }
 
-bool OffloadClient::post_granted() {
-  if (deferred_.empty() || deferred_failure_) return false;
+std::optional<std::chrono::microseconds> OffloadClient::post_granted() {
+  if (deferred_.empty() || deferred_failure_) return std::nullopt;
   std::sort(deferred_.begin(), deferred_.end(), [](const Lease* a, const Lease* b) { return a->batch < b->batch; });
-  bool holding = false;
-  for (auto it = deferred_.begin(); it != deferred_.end();) {
-    Lease& lease = **it;
+  // Pieces posted and still moving: at most pieces_in_flight at a time, so
+  // that a gradient starting now queues behind that many, not behind every
+  // batch granted while the link was free.
+  std::size_t moving = 0;
+  for (const Lease* lease : deferred_) {
+    moving += static_cast<std::size_t>(std::count_if(lease->recvs.begin(), lease->recvs.end(),
+                                                     [](const transport::Request& r) { return !r.done(); }));
+  }
+  std::optional<std::chrono::microseconds> holding;
+  for (Lease* lease : deferred_) {
     // Pieces arrive in order (one endpoint, sent in order): the next one's
     // announcement means the ones before it were announced too.
-    while (!holding && lease.deferred()) {
-      const std::size_t k = lease.recvs.size();
-      if (!lease.arrived_at) {
-        if (!endpoints_->arrived(piece_tag(lease.id, k), ~std::uint64_t{0})) break;  // its arrival wakes this thread
-        lease.arrived_at = Clock::now();
+    while (!holding && lease->deferred() && moving < options_.pieces_in_flight) {
+      const std::size_t k = lease->recvs.size();
+      if (!lease->arrived_at) {
+        if (!endpoints_->arrived(piece_tag(lease->id, k), ~std::uint64_t{0})) break;  // its arrival wakes this thread
+        lease->arrived_at = Clock::now();
       }
-      lease.granted += options_.pacer->acquire(lease.pieces.size(k) - lease.granted, lease.batch);
-      if (lease.granted < lease.pieces.size(k)) {
-        holding = true;  // an earlier deadline waits for credit: later ones wait too
+      lease->granted += options_.pacer->acquire(lease->pieces.size(k) - lease->granted, lease->batch);
+      if (lease->granted < lease->pieces.size(k)) {
+        // An earlier deadline waits for credit: later ones wait too.
+        holding = options_.pacer->retry_after(lease->pieces.size(k) - lease->granted);
         break;
       }
       try {
-        post_deferred_now(lease);
+        post_deferred_now(*lease);
       } catch (const Error& e) {
         deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
-        return false;
+        return std::nullopt;
       }
+      ++moving;
     }
-    it = lease.deferred() ? it + 1 : deferred_.erase(it);
   }
+  // A lease leaves once every piece is posted and has landed (its last
+  // pieces still count against the window until then).
+  std::erase_if(deferred_, [](const Lease* l) { return !l->deferred() && !l->receiving(); });
   return holding;
 }
 
@@ -599,6 +616,7 @@ void OffloadClient::collect() {
       c.error = std::move(e.message);
     }
     ready_.push_back(std::move(c));
+    std::erase(deferred_, &lease);
     it = leases_.erase(it);
   }
 }

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,12 +43,15 @@ class ProgressThread {
 
   // Work that must happen on this thread between progress passes, with
   // lock() held (offload posting receives it deferred for pacing). A hook
-  // returns true while it waits for something with no UCX event of its own:
-  // the thread then looks again within 1 ms instead of 10. One hook per key;
-  // remove it (under no other lock of the owner's) before the owner dies.
-  using PassHook = std::function<bool()>;
+  // returns how soon it wants to look again while it waits for something
+  // with no UCX event of its own (the thread looks within that, rounded up
+  // to 1 ms, and within 10 ms anyway), or nullopt. One hook per key; remove
+  // it (under no other lock of the owner's) before the owner dies.
+  using PassHook = std::function<std::optional<std::chrono::microseconds>()>;
   void set_hook(const void* key, PassHook hook);
   void remove_hook(const void* key);
+  // Runs a pass soon, from any thread: what a hook waits for has happened.
+  void wake();
 
  private:
   void run();
@@ -54,6 +59,7 @@ class ProgressThread {
   std::shared_ptr<UcxWorker> worker_;
   std::recursive_mutex mutex_;
   int stop_fd_ = -1;      // eventfd: written to stop the thread
+  int wake_fd_ = -1;      // eventfd: written by wake()
   int activity_fd_ = -1;  // eventfd: written after an active pass
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> active_passes_{0};

@@ -126,7 +126,7 @@ class OffloadClient {
     // data move only after our receive matched it) and the pacer granted
     // its bytes. The pacer is asked when the data would move, not when the
     // lease is issued (which may be steps earlier), and a gradient that
-    // starts meanwhile waits behind one piece at most, not a whole batch.
+    // starts meanwhile waits behind at most `pieces_in_flight` pieces.
     // Direct writes are not paced. null, or no progress thread: receives
     // are posted at once, one per batch.
     std::shared_ptr<DataPacer> pacer;

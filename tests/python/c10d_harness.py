@@ -25,6 +25,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import random
 import signal
 import socket
 import sys
@@ -94,6 +95,21 @@ class RankContext:
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) may be taken by any process's next outgoing
+    connection before a rank listens on it (seen as EADDRINUSE)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    candidates = random.Random().sample(range(10000, low), k=min(64, max(0, low - 10000)))
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

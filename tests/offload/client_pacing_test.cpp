@@ -78,6 +78,16 @@ void write_images(const test::TempDir& data, int n) {
   }
 }
 
+// Cancels `lease`, held back by the pacer: it must still complete (canceled,
+// or ready if its answer was on the way), never fail.
+void expect_canceled_lease_completes(OffloadClient& client, std::uint64_t lease) {
+  client.cancel(lease);
+  const auto c = client.wait(30s);
+  ASSERT_TRUE(c.has_value()) << "canceled lease " << lease << " never completed";
+  EXPECT_EQ(c->lease, lease);
+  EXPECT_NE(c->status, Completion::Status::kFailed) << c->error;
+}
+
 // A daemon over 5 images and clients of it paced by one closed gate.
 class PacedClient : public ::testing::Test {
  protected:
@@ -157,11 +167,7 @@ TEST_F(PacedClient, ALeaseHeldBackCanBeCanceledAndTheClientClosed) {
     client.produce(1, 0, 3, idx, a.data(), a.size());
     client.produce(2, 0, 4, idx, b.data(), b.size());
     std::this_thread::sleep_for(500ms);
-    client.cancel(1);
-    const auto c = client.wait(30s);
-    ASSERT_TRUE(c.has_value()) << "a canceled lease that waited for credit never completed";
-    EXPECT_EQ(c->lease, 1u);
-    EXPECT_NE(c->status, Completion::Status::kFailed);
+    expect_canceled_lease_completes(client, 1);
     // Lease 2 is still held back: the destructor must not wait on it.
   }
   // The daemon serves the next client: nothing of the old one is stuck in it.
@@ -217,11 +223,7 @@ TEST_F(PacedClient, ABatchHalfMovedInPiecesCanBeCanceled) {
   pacer->budget = 2 * protocol::kMinPieceBytes;
   client.produce(3, 0, 5, idx, buf.data(), buf.size());
   std::this_thread::sleep_for(1000ms);
-  client.cancel(3);
-  const auto c = client.wait(30s);
-  ASSERT_TRUE(c.has_value()) << "a lease canceled between its pieces never completed";
-  EXPECT_EQ(c->lease, 3u);
-  EXPECT_NE(c->status, Completion::Status::kFailed) << c->error;
+  expect_canceled_lease_completes(client, 3);
   // The connection still serves: the daemon's sends of the lease all ended.
   pacer->open = true;
   client.produce(4, 0, 6, idx, buf.data(), buf.size());

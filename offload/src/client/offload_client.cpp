@@ -34,7 +34,6 @@ struct OffloadClient::Lease {
   std::uint64_t id = 0;
   std::uint64_t batch = 0;
   bool settled = false;     // no data will come (a direct lease's answer, a Python lease's failure)
-  std::size_t direct_bytes = 0;
   std::uint32_t asked = 0;  // indices in the PRODUCE
   bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
   std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
@@ -547,7 +546,6 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
   if (lease.direct) {
     // Written (BATCH_READY) or never to be (CANCELED, ERROR): the buffer is ours.
     lease.settled = true;
-    if (frame.type == MsgType::kBatchReady) lease.direct_bytes = protocol::decode<protocol::BatchReady>(frame.payload).bytes;
     return;
   }
   if (lease.buffer_for && !late_error) {

@@ -167,8 +167,8 @@ TEST_F(OffloadClientTest, DirectWritesNeedProofOfThePid) {
         << (f && f->type == MsgType::kError ? protocol::decode<protocol::ErrorMsg>(f->payload).message : "no answer");
     return f && f->type == MsgType::kConfigured && protocol::decode<protocol::Configured>(f->payload).direct;
   };
-  const auto refused = [](RawConn& c, std::uint64_t address_field, const std::string& why) {
-    const protocol::Produce p{7, 0, 0, {0, 1}, address_field};
+  const auto refused = [](RawConn& c, std::uint64_t address_field, const std::string& why, std::uint64_t lease = 7) {
+    const protocol::Produce p{lease, 0, 0, {0, 1}, address_field};
     c.write(c.writer.encode(MsgType::kProduce, protocol::encode(p)));
     const auto f = c.read_frame();
     ASSERT_TRUE(f.has_value() && f->type == MsgType::kError);
@@ -186,6 +186,8 @@ TEST_F(OffloadClientTest, DirectWritesNeedProofOfThePid) {
   RawConn wrong_nonce(d.port());
   EXPECT_FALSE(configure(wrong_nonce, static_cast<std::uint32_t>(::getpid()), false));
   refused(wrong_nonce, buffer_address, "not direct");
+  // Over UCX a lease id is a tag's low 48 bits: a larger one is refused, not sent under another's tag.
+  refused(wrong_nonce, 0, "above 2^48 - 1", std::uint64_t{1} << 48);
 
   // A process of ours with our memory layout (forked before this nonce existed).
   const pid_t child = ::fork();

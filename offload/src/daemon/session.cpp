@@ -191,6 +191,10 @@ void Server::on_produce(Conn& c, protocol::Produce m) {
     reply(c, protocol::ErrorMsg{m.lease, code, why});
   };
   if (!c.dataset) return refuse(ErrorCode::kBadRequest, "PRODUCE before CONFIGURE");
+  if (m.address == 0 && m.lease > kMaxLease) {
+    return refuse(ErrorCode::kBadRequest,
+                  "lease " + std::to_string(m.lease) + " over UCX is above 2^48 - 1 (its tags' lease bits)");
+  }
   if (c.leases.size() >= options_.max_leases) {
     return refuse(ErrorCode::kBusy, "already " + std::to_string(c.leases.size()) + " open leases on this connection");
   }

@@ -30,6 +30,7 @@ class EngineDataPacer final : public offload::DataPacer {
   }
   void set_step(std::uint64_t step) override { credits_->set_step(step); }
   std::chrono::microseconds retry_after(std::size_t bytes) override { return credits_->time_for(bytes); }
+  void moved(std::size_t bytes, std::chrono::microseconds took) override { credits_->data_moved(bytes, took); }
   void add_waker(const void* key, std::function<void()> wake) override { credits_->add_waker(key, std::move(wake)); }
   void remove_waker(const void* key) override { credits_->remove_waker(key); }
 

@@ -57,6 +57,14 @@ class GatePacer final : public DataPacer {
     std::lock_guard lock(mutex_);
     return sizes;
   }
+  void moved(std::size_t bytes, std::chrono::microseconds took) override {
+    std::lock_guard lock(mutex_);
+    moves.emplace_back(bytes, took);
+  }
+  std::vector<std::pair<std::size_t, std::chrono::microseconds>> told_moved() {
+    std::lock_guard lock(mutex_);
+    return moves;
+  }
   std::atomic<bool> open{false};
   std::size_t slice = 0;
   std::size_t budget = 0;
@@ -65,6 +73,7 @@ class GatePacer final : public DataPacer {
   std::mutex mutex_;
   std::vector<std::uint64_t> deadlines, steps;
   std::vector<std::size_t> sizes;
+  std::vector<std::pair<std::size_t, std::chrono::microseconds>> moves;
 };
 
 // Big enough for UCX's rendezvous (a put after the receive matched).
@@ -213,6 +222,16 @@ TEST_F(PacedClient, ABatchInPiecesMovesOnlyThePiecesGranted) {
   EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
   const auto asked = pacer->asked_bytes();
   EXPECT_EQ(asked.back(), layout.batch_bytes - 3 * kPiece) << "the last, short piece is asked for its own size";
+  // Each landed piece tells the pacer its size and how long it moved (the
+  // last one on the progress thread's pass after it landed).
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (pacer->told_moved().size() < 4 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  const auto moves = pacer->told_moved();
+  ASSERT_EQ(moves.size(), 4u);
+  for (std::size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(moves[k].first, k < 3 ? kPiece : layout.batch_bytes - 3 * kPiece) << "piece " << k;
+    EXPECT_GT(moves[k].second.count(), 0) << "piece " << k;
+  }
 }
 
 TEST_F(PacedClient, ABatchHalfMovedInPiecesCanBeCanceled) {

@@ -19,7 +19,7 @@ from dlop.bench import train, train_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = ("samples_per_s", "step_ms", "compute_ms", "allreduce_p50_ms", "allreduce_p99_ms",
-            "allreduce_p99_idle_ms")
+            "allreduce_p99_idle_ms", "allreduce_p99_replay_ms")
 
 
 def _offloader() -> str:

@@ -206,6 +206,56 @@ TEST(Communicator, DataCreditsWakeTheirMoversWhenTheLastGradientFinishes) {
   EXPECT_EQ(other, 1) << "a removed waker ran";
 }
 
+namespace {
+
+// One training step of `credits` from `start`: the step begins (the trainer
+// took its batch), then one gradient all-reduce per [from, to) offset; the
+// next step begins at start + period.
+void train_step(DataCredits& credits, std::uint64_t step, DataCredits::Clock::time_point start,
+                std::initializer_list<std::pair<std::chrono::milliseconds, std::chrono::milliseconds>> gradients) {
+  credits.set_step(step);
+  for (const auto& [from, to] : gradients) {
+    credits.gradient_started(start + from);
+    credits.gradient_finished(start + to);
+  }
+}
+
+}  // namespace
+
+TEST(Communicator, DataCreditsHoldDataThatWouldStillMoveWhenTheNextGradientIsDue) {
+  using Clock = DataCredits::Clock;
+  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms, .burst = 10ms, .quiet_margin = 2ms});
+  const auto t0 = Clock::now();
+  // Steps 50 ms apart, the gradient moving 20-30 ms in: quiet spells of 40 ms.
+  train_step(credits, 1, t0, {{20ms, 30ms}});
+  EXPECT_EQ(credits.acquire(30'000, 100, t0 + 31ms), 30'000u) << "no spell seen yet: everything";
+  credits.data_moved(10'000, 10ms);  // 1 byte per microsecond
+  train_step(credits, 2, t0 + 50ms, {{20ms, 30ms}});
+  train_step(credits, 3, t0 + 100ms, {{20ms, 30ms}});
+  const auto quiet = t0 + 130ms;  // step 3's spell, predicted to end at +170 ms
+  EXPECT_EQ(credits.acquire(20'000, 100, quiet), 20'000u) << "20 ms of data in a 40 ms spell";
+  EXPECT_EQ(credits.acquire(20'000, 100, quiet), 0u) << "after the first, it would meet the next gradient";
+  EXPECT_EQ(credits.time_for(20'000, quiet), 82ms) << "held until the spell lasts twice its longest";
+  EXPECT_EQ(credits.acquire(10'000, 100, quiet + 1ms), 10'000u) << "done 8 ms before the gradient";
+  EXPECT_EQ(credits.acquire(9'000, 100, quiet + 25ms), 0u) << "the link is busy until +30 ms";
+  EXPECT_EQ(credits.acquire(20'000, 4, quiet + 25ms), 20'000u) << "due next step: escalated";
+  EXPECT_EQ(credits.acquire(50'000, 100, quiet + 25ms), 50'000u) << "too big for any spell: it goes";
+  EXPECT_EQ(credits.acquire(1'000, 100, quiet + 81ms), 0u);
+  EXPECT_EQ(credits.acquire(1'000, 100, quiet + 82ms), 1'000u) << "the spell outlasted its pattern";
+
+  // Two buckets a step: the 2 ms spell between them is predicted apart from
+  // the step's long spell, and holds what the long one would carry.
+  for (std::uint64_t step = 4; step < 8; ++step) {
+    train_step(credits, step, t0 + step * 50ms, {{20ms, 25ms}, {27ms, 30ms}});
+  }
+  const auto step8 = t0 + 400ms;
+  train_step(credits, 8, step8, {{20ms, 25ms}});
+  EXPECT_EQ(credits.acquire(5'000, 100, step8 + 25ms), 0u) << "between the buckets";
+  credits.gradient_started(step8 + 27ms);
+  credits.gradient_finished(step8 + 30ms);
+  EXPECT_EQ(credits.acquire(5'000, 100, step8 + 30ms), 5'000u) << "the long spell after the last bucket";
+}
+
 // The engine counts its gradient collectives in flight for the credits.
 TEST(Communicator, EngineReportsGradientTrafficToDataCredits) {
   test::run_ranks(2, [](transport::Bootstrap& b) {

@@ -89,6 +89,9 @@ class DataPacer {
   virtual void set_step(std::uint64_t step) = 0;
   // When to ask again for `bytes` refused now (sooner if woken).
   virtual std::chrono::microseconds retry_after(std::size_t /*bytes*/) { return std::chrono::milliseconds(1); }
+  // `bytes` granted took `took` from their receive's posting to landing
+  // (how fast the link moves data, for pacers that plan ahead).
+  virtual void moved(std::size_t /*bytes*/, std::chrono::microseconds /*took*/) {}
   // `wake` runs (from any thread, quickly) when refused data may move at
   // once; one per key, removed before `wake`'s target dies. None by default.
   virtual void add_waker(const void* /*key*/, std::function<void()> /*wake*/) {}

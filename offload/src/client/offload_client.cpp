@@ -46,6 +46,8 @@ struct OffloadClient::Lease {
   Pieces pieces;
   std::size_t expected = 0;  // pieces that will be posted (fewer once the daemon said fewer come)
   std::vector<transport::Request> recvs;
+  std::vector<Clock::time_point> posted_at;  // per piece posted
+  std::size_t reported = 0;                  // pieces before it: landing told to the pacer
   std::size_t granted = 0;
   std::optional<Clock::time_point> arrived_at;
 
@@ -432,6 +434,7 @@ void OffloadClient::post_piece(Lease& lease) {
   // All bits of the tag: each piece of each lease finds its own place.
   lease.recvs.push_back(endpoints_->recv(-1, static_cast<std::byte*>(lease.buffer) + lease.pieces.offset(k),
                                          lease.pieces.size(k), piece_tag(lease.id, k), ~std::uint64_t{0}));
+  lease.posted_at.push_back(Clock::now());
   lease.granted = 0;
   lease.arrived_at.reset();
   if (lease.recvs.back().done()) {
@@ -458,9 +461,22 @@ std::optional<std::chrono::microseconds> OffloadClient::post_granted() {
   // that a gradient starting now queues behind that many, not behind every
   // batch granted while the link was free.
   std::size_t moving = 0;
-  for (const Lease* lease : deferred_) {
+  const auto now = Clock::now();
+  for (Lease* lease : deferred_) {
     moving += static_cast<std::size_t>(std::count_if(lease->recvs.begin(), lease->recvs.end(),
                                                      [](const transport::Request& r) { return !r.done(); }));
+    // Pieces land in order: each landed one tells the pacer how fast data move.
+    for (auto& k = lease->reported; k < lease->recvs.size() && lease->recvs[k].done(); ++k) {
+      if (failure_of(lease->recvs[k])) continue;
+      const auto size = lease->pieces.size(k);
+      options_.pacer->moved(size, std::chrono::duration_cast<std::chrono::microseconds>(now - lease->posted_at[k]));
+      if (trace::enabled()) {
+        trace::span("moved " + std::to_string(lease->batch), "data", lease->posted_at[k], now,
+                    {{"batch", static_cast<std::int64_t>(lease->batch)},
+                     {"piece", static_cast<std::int64_t>(k)},
+                     {"bytes", static_cast<std::int64_t>(size)}});
+      }
+    }
   }
   std::optional<std::chrono::microseconds> holding;
   for (Lease* lease : deferred_) {

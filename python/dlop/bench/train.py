@@ -48,20 +48,25 @@ timed steps and ranks, so that compute + exposed comm + data stall = step):
   training, every bucket of every timed step and rank, each from the moment
   the last rank handed that bucket over (no all-reduce can start before; all
   ranks run on this machine, so their clocks agree) to its completion on
-  this rank; ``allreduce_p99_idle_ms``: the same all-reduces (same bucket
-  sizes, same group, handed over at the same offsets within the step as in
-  training, median offsets) replayed after training with the loader
-  stopped, so no data moves and nothing computes; p99 over ``--idle-reps``
-  rounds and every rank. A bucket's duration includes waiting behind the
-  buckets handed over before it, in training and in the replay alike; it
-  leaves out waiting for a slower rank's backward (``allreduce_skew_ms``,
-  the mean time from the first rank's hand-over to the last's in training).
+  this rank; ``allreduce_p99_idle_ms``: the same all-reduce with no data
+  traffic on any link: after the timed steps the loader is stopped (its
+  workers, leases and prefetching) and the rank trains ``--idle-reps`` more
+  steps on its last batch, kept in memory, so the step computes as in
+  training (normalising included) and only the data's traffic is gone;
+  ``allreduce_p99_replay_ms``: the bucket all-reduces alone (same sizes,
+  same group, handed over at the training step's median offsets, rounds a
+  step apart) with nothing computing either. Both are p99 over
+  ``--idle-reps`` rounds and every rank. A bucket's duration includes
+  waiting behind the buckets handed over before it, in every measurement
+  alike; it leaves out waiting for a slower rank's backward
+  (``allreduce_skew_ms``, the mean time from the first rank's hand-over to
+  the last's in training).
 
 ``--runs R`` repeats the four configurations R times in turn, each run a fresh
 set of processes and process group; each column is the median over runs, and
 each ratio is taken within a run, then the median over runs.
 The ranks run ``dlop.bench.train_rank`` (the model, the loaders, the comm
-hook, the idle replay); the table, markdown and PNG come from
+hook, the idle steps and the replay); the table, markdown and PNG come from
 ``dlop.bench.train_report``.
 
 ``--trace DIR`` sets ``DLOP_TRACE=DIR`` for the last configuration's processes
@@ -120,10 +125,13 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     p.add_argument("--hidden", type=int, default=384,
                    help="the model's hidden width (its gradient grows with it; 384: 4 MiB, 33 ms at 1gbit)")
+    p.add_argument("--stem-stride", type=int, default=4,
+                   help="the conv stem's stride: the model's compute per step (4: about 4x 8's), same gradient")
     p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--idle-reps", type=int, default=20, help="rounds of the idle all-reduces")
+    p.add_argument("--idle-reps", type=int, default=20,
+                   help="steps on a resident batch (the idle all-reduce), and rounds of the replay")
     p.add_argument("--runs", type=int, default=1, help="runs of every config (columns: medians over runs)")
     p.add_argument("--wire", choices=("uint8", "float32"), default="uint8", help="offloaded batches' dtype")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -150,10 +158,10 @@ def parse_args(argv=None):
         p.error(f"--hosts {args.hosts} leaves no trainer host beside {args.offloader_hosts} offloader host(s)")
     if not 0 < args.data_share <= 1:
         p.error(f"--data-share {args.data_share}: give a share of the link in (0, 1]")
-    if min(args.ranks, args.batch, args.steps, args.hidden, args.workers, args.runs, args.idle_reps,
-           args.offloader_hosts) < 1:
-        p.error("--ranks, --batch, --steps, --hidden, --workers, --runs, --idle-reps and --offloader-hosts must be "
-                "at least 1")
+    if min(args.ranks, args.batch, args.steps, args.hidden, args.stem_stride, args.workers, args.runs,
+           args.idle_reps, args.offloader_hosts) < 1:
+        p.error("--ranks, --batch, --steps, --hidden, --stem-stride, --workers, --runs, --idle-reps and "
+                "--offloader-hosts must be at least 1")
     return args
 
 
@@ -282,7 +290,8 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
             daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env,
                                                log)
         spec = {"config": config, "data": data, "size": args.size, "batch": args.batch, "hidden": args.hidden,
-                "workers": args.workers, "steps": args.steps, "warmup": args.warmup, "idle_reps": args.idle_reps,
+                "stem_stride": args.stem_stride, "workers": args.workers, "steps": args.steps,
+                "warmup": args.warmup, "idle_reps": args.idle_reps,
                 "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,
                 "offloaders": addresses, "token": token, "out": str(out / "rank.json")}
         port = free_port()
@@ -340,12 +349,14 @@ def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
     step, data, exposed = (1e3 * mean(k) for k in ("step", "data", "exposed"))
     durations, skew = since_last_handover([r["buckets"] for r in ranks])
     idle, _ = since_last_handover([r["idle"] for r in ranks])
+    replay, _ = since_last_handover([r["replay"] for r in ranks])
     return {"config": config, "ranks": len(ranks),
             "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
             "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
             "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
             "allreduce_p99_ms": 1e3 * percentile(durations, 0.99),
             "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
+            "allreduce_p99_replay_ms": 1e3 * percentile(replay, 0.99),
             "allreduce_skew_ms": 1e3 * sum(skew) / max(1, len(skew)),
             "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
 
@@ -374,6 +385,7 @@ def main(argv=None) -> int:
     header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
                                 host_cpus=args.host_cpus if args.hosts else None,
                                 ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
+                                stem_stride=args.stem_stride,
                                 workers=args.workers, steps=args.steps, warmup=args.warmup, runs=args.runs,
                                 wire=args.wire, data=data, bucket_cap_mb=args.bucket_cap_mb,
                                 threads_per_rank=args.threads, idle_reps=args.idle_reps,
@@ -383,7 +395,8 @@ def main(argv=None) -> int:
     print(f"# {header['command']}")
     print(_common.header_comment(header))
     print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
-          f"{args.hidden}; {args.warmup} untimed + {args.steps} timed steps; k = {args.workers}")
+          f"{args.hidden}, stem stride {args.stem_stride}; {args.warmup} untimed + {args.steps} timed steps; "
+          f"k = {args.workers}")
     print(f"# offloaded batches travel as {args.wire}" +
           (" and are normalised on the trainer" if args.wire == "uint8" else ", normalised by the daemons"))
     if data_rate_mbps(args) or "DLOP_DATA_RATE_MBPS" in os.environ:

@@ -1,7 +1,8 @@
 """One trainer rank of dlop.bench.train (``python -m dlop.bench.train_rank SPEC``, spawned by the driver).
 
 SPEC is the JSON the driver writes: the config, the data, the model's size
-and the steps. The rank trains, replays its all-reduces idle, and writes its
+and the steps. The rank trains, trains on with its last batch resident (no
+data moving), replays its all-reduces alone, and writes its
 measurements to rank<R>.json beside SPEC's "out"; what each one means is in
 dlop.bench.train's docstring.
 """
@@ -20,12 +21,13 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # --- the model and the data (used by the ranks) -------------------------
 
-def make_model(hidden: int, classes: int = 10):
+def make_model(hidden: int, stem_stride: int = 4, classes: int = 10):
     """A strided conv stem and a wide fully-connected head: little compute per byte of gradient, so the
-    step's communication is visible on a slow link even with CPU-only training."""
+    step's communication is visible on a slow link even with CPU-only training. The stem's stride sets the
+    compute (stride 4: about 4x stride 8's) without changing the gradient."""
     from torch import nn
 
-    return nn.Sequential(nn.Conv2d(3, 16, kernel_size=8, stride=8), nn.ReLU(), nn.AdaptiveAvgPool2d(12),
+    return nn.Sequential(nn.Conv2d(3, 16, kernel_size=8, stride=stem_stride), nn.ReLU(), nn.AdaptiveAvgPool2d(12),
                          nn.Flatten(), nn.Linear(16 * 12 * 12, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
                          nn.ReLU(), nn.Linear(hidden, classes))
 
@@ -140,7 +142,7 @@ def run_rank(spec: dict) -> None:
     dist.init_process_group(backend="gloo" if spec["config"] == "stock" else "dlop")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(make_model(spec["hidden"]), bucket_cap_mb=spec["bucket_cap_mb"])
+    model = DDP(make_model(spec["hidden"], spec["stem_stride"]), bucket_cap_mb=spec["bucket_cap_mb"])
     timer = BucketTimer()
     model.register_comm_hook(None, timer.hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -148,6 +150,15 @@ def run_rank(spec: dict) -> None:
     batches = Batches(spec, rank, world)
     steps = {"step": [], "data": [], "exposed": [], "buckets": []}
     launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
+
+    def train_step(images, labels):
+        """forward + backward + optimiser step on one batch; its buckets as the comm hook saw them."""
+        inputs = batches.to_input(images)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), labels.long()).backward()
+        optimizer.step()
+        return timer.take()
+
     dist.barrier()
     for i in range(spec["warmup"] + spec["steps"]):
         if i == spec["warmup"]:
@@ -156,12 +167,8 @@ def run_rank(spec: dict) -> None:
         t0 = time.perf_counter()
         images, labels = batches.next_raw()
         t1 = time.perf_counter()
-        inputs, labels = batches.to_input(images), labels.long()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), labels).backward()
-        optimizer.step()
+        buckets = train_step(images, labels)
         t2 = time.perf_counter()
-        buckets = timer.take()
         if i < spec["warmup"]:
             continue
         launches.append([(t - buckets[0][0], n) for t, _, n in buckets])
@@ -170,13 +177,17 @@ def run_rank(spec: dict) -> None:
         steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
         steps["buckets"].append([(t, f) for t, f, _ in buckets])
     wall = time.perf_counter() - start
+    resident = images.clone(), labels.clone()  # the loader's buffer is reused; this batch stays in memory
     batches.close()
+    dist.barrier()
+    # The same training steps with no data moving anywhere (the batch is already here): the idle all-reduce.
+    quiet = [[(t, f) for t, f, _ in train_step(*resident)] for _ in range(spec["idle_reps"])]
     # DDP may rebuild its buckets after the first step: the last step's are the ones it keeps.
     sizes = [n for _, n in launches[-1]]
     alike = [step for step in launches if [n for _, n in step] == sizes]
     offsets = [_common.median([step[b][0] for step in alike]) for b in range(len(sizes))]
-    idle = replay_buckets(sizes, offsets, spec["idle_reps"], _common.median(steps["step"]))
-    result = {"rank": rank, "wall_s": wall, "idle": idle, "bucket_elements": sizes,
+    replay = replay_buckets(sizes, offsets, spec["idle_reps"], _common.median(steps["step"]))
+    result = {"rank": rank, "wall_s": wall, "idle": quiet, "replay": replay, "bucket_elements": sizes,
               "gradient_bytes": 4 * sum(p.numel() for p in model.parameters()), **steps}
     Path(spec["out"]).with_name(f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()

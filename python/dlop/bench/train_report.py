@@ -7,7 +7,7 @@ import os
 from dlop.bench import _common
 
 COLUMNS = ("samples_per_s", "step_ms", "compute_ms", "exposed_comm_ms", "data_stall_ms", "allreduce_p50_ms",
-           "allreduce_p99_ms", "allreduce_p99_idle_ms")
+           "allreduce_p99_ms", "allreduce_p99_idle_ms", "allreduce_p99_replay_ms")
 PARTS = (("compute_ms", "compute", "#4c72b0"), ("exposed_comm_ms", "exposed comm", "#dd8452"),
          ("data_stall_ms", "data stall", "#c44e52"))
 PNG_SIZE = (800, 450)  # pixels: figsize (8, 4.5) at 100 dpi

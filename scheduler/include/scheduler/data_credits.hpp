@@ -2,7 +2,17 @@
 // same links. The engine counts its gradient collectives in flight; a data
 // mover asks for credit before moving each piece of a batch:
 //
-//   - no gradient collective in flight: every byte asked for is granted;
+//   - no gradient collective in flight (a quiet spell): granted if it will
+//     have moved before the next gradient is due. Training repeats itself,
+//     so spell k of a step (counted from the step's start, set_step) is
+//     predicted to last as long as the shortest spell k of the last few
+//     steps; a piece takes bytes / the median rate the movers reported
+//     (data_moved), after what was granted before it in this spell. A
+//     piece that cannot move in time waits for a later spell; one that
+//     would fit in none of the step's spells goes at once. Until both are known
+//     (the first steps), or once a spell has lasted twice its longest
+//     recent length (the pattern broke: evaluation, the end of training),
+//     everything is granted;
 //   - one or more in flight: credit accrues at `bytes_per_interval` per
 //     `interval` (all callers together) from the moment the first one
 //     started, saved up to `burst` worth of it; a caller gets what has
@@ -17,13 +27,16 @@
 // Thread-safe: the engine's thread reports gradients, any thread acquires.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "core/config.hpp"
 
@@ -38,6 +51,9 @@ class DataCredits {
     std::chrono::microseconds interval{1000};
     // Credit a mover that asks seldom may find saved up.
     std::chrono::microseconds burst{10'000};
+    // Data granted in a quiet spell is due to have moved this long before
+    // the spell's predicted end.
+    std::chrono::microseconds quiet_margin{2'000};
   };
 
   DataCredits() : DataCredits(Options{}) {}
@@ -45,19 +61,22 @@ class DataCredits {
 
   // The engine's side.
   void gradient_started(Clock::time_point now = Clock::now());
-  void gradient_finished();
+  void gradient_finished(Clock::time_point now = Clock::now());
   bool gradient_in_flight() const { return gradients_.load(std::memory_order_relaxed) > 0; }
 
   // The training step now running (set by whoever drives steps, e.g. the
   // offload client when the trainer takes a batch). Starts at 0.
-  void set_step(std::uint64_t step) { step_.store(step, std::memory_order_relaxed); }
+  void set_step(std::uint64_t step);
   std::uint64_t step() const { return step_.load(std::memory_order_relaxed); }
 
   // Bytes of `bytes` the caller may move now for data the step
   // `deadline_step` consumes (0: none yet).
   std::size_t acquire(std::size_t bytes, std::uint64_t deadline_step, Clock::time_point now = Clock::now());
-  // How long until `bytes` will have accrued, while gradients move.
+  // How long until `bytes` may be granted: credit accrued while gradients
+  // move, the spell's predicted end (or its breaking) while quiet.
   std::chrono::microseconds time_for(std::size_t bytes, Clock::time_point now = Clock::now());
+  // A mover's report: `bytes` granted took `took` to land.
+  void data_moved(std::size_t bytes, std::chrono::microseconds took);
 
   // `wake` runs whenever no gradient is in flight any more; one per key.
   // It must be quick and take no lock its remover holds.
@@ -67,8 +86,21 @@ class DataCredits {
   const Options& options() const { return options_; }
 
  private:
+  // The quiet spell now, as recent steps predict it (mutex_ held).
+  struct Spell {
+    Clock::time_point due;     // its shortest recent length: the next gradient may start
+    Clock::time_point broken;  // twice its longest recent length (and the margin): the pattern broke
+    std::chrono::microseconds roomiest;  // the step's longest predicted spell
+  };
+  static constexpr std::size_t kSpellsPerStep = 64;  // spells later in a step are not predicted
+  static constexpr std::size_t kStepsRemembered = 8;
+  static constexpr std::size_t kRatesRemembered = 8;
+
   // Credit accrued by `now` (mutex_ held).
   void accrue(Clock::time_point now);
+  std::optional<Spell> spell() const;
+  // Microseconds `bytes` take at the median recent rate (mutex_ held; rates known).
+  std::chrono::microseconds moving_time(std::size_t bytes) const;
 
   Options options_;
   std::atomic<int> gradients_{0};
@@ -76,6 +108,14 @@ class DataCredits {
   std::mutex mutex_;  // the bucket
   double credit_ = 0;
   Clock::time_point accrued_at_{};
+  // Quiet spells: lengths of spell k of recent steps, the spell now (its
+  // index, start, and when what it granted will have moved), the rates.
+  std::array<std::deque<std::chrono::microseconds>, kSpellsPerStep> spells_;
+  std::size_t spells_this_step_ = 0;
+  std::optional<std::size_t> quiet_spell_;
+  Clock::time_point quiet_since_{};
+  Clock::time_point busy_until_{};
+  std::deque<double> rates_;  // bytes per microsecond
   std::mutex wakers_mutex_;
   std::map<const void*, std::function<void()>> wakers_;
 };

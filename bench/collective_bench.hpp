@@ -27,7 +27,7 @@ struct CollectiveOptions {
   coll::DataType dtype = coll::DataType::kFloat32;
   coll::ReduceOp op = coll::ReduceOp::kSum;
   int root = 0;
-  int warmup = -1;         // calls before the repetitions; -1: as many as one repetition up to 8 MiB, else 1
+  int warmup = -1;         // calls before the repetitions; -1: auto (collective_bench.cpp)
   int iterations = 0;      // timed calls per repetition; 0: 32 MiB / S, within [3, 1000]
   int repetitions = 5;     // the row shows their median
   int inplace = 2;         // 0 out-of-place, 1 in-place, 2 both (nccl-tests prints both)

@@ -69,7 +69,8 @@ void Report::header() const {
   fmt::print("# MPI columns: {}\n", s_.mpi ? *s_.mpi + ", " + s_.mpi_note : "absent (" + s_.mpi_note + ")");
   fmt::print("# time: per call, median of {} repetitions, each the slowest rank's mean over {} calls; warm-up {}{}\n",
              o.repetitions, o.iterations > 0 ? std::to_string(o.iterations) : "N = 32 MiB / S in [3, 1000]",
-             o.warmup >= 0 ? std::to_string(o.warmup) + " calls" : "N calls for S <= 8 MiB, else 1",
+             o.warmup >= 0 ? std::to_string(o.warmup) + " calls"
+                            : "max(N, 1 MiB / S) calls (at most 100k) for S <= 8 MiB, else 1",
              s_.mpi ? "; dlop and MPI alternate repetitions" : "");
   fmt::print("# buffers: {}; algbw = S / time, busbw = algbw x {} (nccl-tests)\n",
              o.rotate_bytes > 0 ? fmt::format("rotate through 64 MiB for S <= {}", format_size(o.rotate_bytes))

@@ -83,14 +83,14 @@ void ProgressThread::run() {
         if (const auto within = hook()) look_again = std::min(look_again, *within);
       }
       while (worker_->progress()) any = true;  // what a hook posted
+      // Counted under the lock: whoever sees this pass's completions (it
+      // needs the lock) sees the count too.
+      if (any) active_passes_.fetch_add(1, std::memory_order_relaxed);
       armed = worker_->arm();
     } catch (const std::exception& e) {
       log().error("UCX progress thread: {}", e.what());
     }
-    if (any) {
-      active_passes_.fetch_add(1, std::memory_order_relaxed);
-      signal(activity_fd_);
-    }
+    if (any) signal(activity_fd_);
     if (!armed && worker_->can_sleep()) continue;  // events came meanwhile: progress them
     // Bounded: an operation another thread posts on an armed worker (a receive,
     // an endpoint's wire-up) does not signal the event fd, yet may need

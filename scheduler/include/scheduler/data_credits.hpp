@@ -9,10 +9,10 @@
 //     steps; a piece takes bytes / the median rate the movers reported
 //     (data_moved), after what was granted before it in this spell. A
 //     piece that cannot move in time waits for a later spell; one that
-//     would fit in none of the step's spells goes at once. Until both are known
-//     (the first steps), or once a spell has lasted twice its longest
-//     recent length (the pattern broke: evaluation, the end of training),
-//     everything is granted;
+//     would fit in none of the step's spells goes at once. Until spells and
+//     rates are known (the first steps), or once a spell has lasted twice
+//     its longest recent length (the pattern broke: evaluation, the end of
+//     training), everything is granted;
 //   - one or more in flight: credit accrues at `bytes_per_interval` per
 //     `interval` (all callers together) from the moment the first one
 //     started, saved up to `burst` worth of it; a caller gets what has

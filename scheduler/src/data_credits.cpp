@@ -35,8 +35,7 @@ void DataCredits::gradient_finished(Clock::time_point now) {
   {
     std::lock_guard lock(mutex_);
     quiet_since_ = busy_until_ = now;
-    quiet_spell_.reset();
-    if (spells_this_step_ < kSpellsPerStep) quiet_spell_ = spells_this_step_;
+    quiet_spell_ = spells_this_step_ < kSpellsPerStep ? std::optional(spells_this_step_) : std::nullopt;
     ++spells_this_step_;
   }
   std::lock_guard lock(wakers_mutex_);

@@ -126,7 +126,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=384,
                    help="the model's hidden width (its gradient grows with it; 384: 4 MiB, 33 ms at 1gbit)")
     p.add_argument("--stem-stride", type=int, default=4,
-                   help="the conv stem's stride: the model's compute per step (4: about 4x 8's), same gradient")
+                   help="the conv stem's stride: the model's compute per step (4: about 1.5x 8's), same gradient")
     p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")

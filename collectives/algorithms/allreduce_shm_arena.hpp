@@ -23,6 +23,8 @@
 #include <string_view>
 
 #include "collectives/group.hpp"
+#include "collectives/inline_allreduce.hpp"
+#include "collectives/stall_watch.hpp"
 #include "collectives/task.hpp"
 #include "transport/shm_flag.hpp"
 #include "transport/shm_segment.hpp"
@@ -33,7 +35,7 @@ namespace dlop::coll {
 // to: a reader that sees `seq` finds the payload in the same cache line (up to
 // 56 B) or the lines right after it.
 struct alignas(64) InlineBox {
-  static constexpr std::size_t kMaxBytes = 4096;
+  static constexpr std::size_t kMaxBytes = kInlineAllreduceMaxBytes;
   std::atomic<std::uint64_t> seq{0};  // posted with release after the payload
   std::byte payload[kMaxBytes];
 };
@@ -88,21 +90,6 @@ class HostArena {
   std::uint64_t next_seq_ = 1;
   std::uint64_t finished_seq_ = 0;
   std::string poisoned_;
-};
-
-// Names a dead peer instead of waiting for it until the timeout. The mesh's
-// own watchdog runs when something progresses the mesh; between ranks that
-// only share memory nothing may, so a task waiting on a peer's flag calls
-// stalled() and it checks at the same interval.
-class StallWatch {
- public:
-  // Throws kPeerDead naming `peer` when the mesh knows it died before its
-  // `what` `seq` (e.g. "input of round 12") reached `algorithm`'s flags.
-  void stalled(const Group& group, int peer, std::uint64_t seq, std::string_view algorithm, std::string_view what);
-
- private:
-  unsigned polls_ = 0;
-  std::int64_t next_check_ms_ = 0;
 };
 
 // An arena all-reduce of count 0: nothing to exchange, and no sequence number

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -93,20 +94,50 @@ std::optional<double> parse_cgroup_cpu_max(std::string_view text) {
   return static_cast<double>(*quota) / static_cast<double>(*period);
 }
 
-CoreBudget usable_cores() {
-  CoreBudget budget;
+std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  const unsigned online = std::max(1u, std::thread::hardware_concurrency());
-  const int allowed = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
-  budget.cores = std::max(1, allowed);
-  budget.why = fmt::format("affinity: {} of {} CPUs", allowed, online);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) {
+    cpus.resize(std::max(1u, std::thread::hardware_concurrency()));
+    std::iota(cpus.begin(), cpus.end(), 0);
+    return cpus;
+  }
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+namespace {
+
+CoreBudget capped_by_quota(CoreBudget budget) {
   std::string where;
   if (const auto quota = cgroup_quota(where); quota && *quota < budget.cores) {
     budget.cores = std::max(*quota, 0.01);
     budget.why += fmt::format(", cgroup quota {:.2f} cores ({})", *quota, where);
   }
   return budget;
+}
+
+}  // namespace
+
+CoreBudget usable_cores() {
+  const unsigned online = std::max(1u, std::thread::hardware_concurrency());
+  const auto allowed = allowed_cpus().size();
+  return capped_by_quota({.cores = static_cast<double>(std::max<std::size_t>(1, allowed)),
+                          .why = fmt::format("affinity: {} of {} CPUs", allowed, online)});
+}
+
+CoreBudget usable_cores(const std::vector<std::vector<int>>& allowed_per_rank) {
+  std::vector<int> any;
+  for (const auto& cpus : allowed_per_rank) any.insert(any.end(), cpus.begin(), cpus.end());
+  std::sort(any.begin(), any.end());
+  any.erase(std::unique(any.begin(), any.end()), any.end());
+  const unsigned online = std::max(1u, std::thread::hardware_concurrency());
+  return capped_by_quota({.cores = static_cast<double>(std::max<std::size_t>(1, any.size())),
+                          .why = fmt::format("affinity: the host's {} ranks may run on {} of {} CPUs",
+                                             allowed_per_rank.size(), any.size(), online)});
 }
 
 WaitChoice choose_wait_mode(ProgressMode requested, double cores, int local_ranks) {
@@ -145,8 +176,7 @@ void WaitPolicy::set(WaitMode mode, const std::string& why) {
   if (before != mode || !logged.exchange(true)) log().info("wait policy: {} ({})", wait_mode_name(mode), why);
 }
 
-void WaitPolicy::decide(int local_ranks) {
-  const CoreBudget budget = usable_cores();
+void WaitPolicy::decide(int local_ranks, const CoreBudget& budget) {
   const WaitChoice choice = choose_wait_mode(config().progress, budget.cores, local_ranks);
   set(choice.mode, choice.why + "; " + budget.why);
   history_.store(0);

@@ -84,19 +84,11 @@ int Communicator::hosts() const { return state_->group->hosts(); }
 
 Handle Communicator::enqueue(CollArgs args, const OpOptions& options, bool p2p, bool p2p_send, int peer,
                              std::uint32_t tag) {
-  auto op = std::make_shared<detail::OpState>();
-  op->engine = engine_;
-  op->comm = state_;
-  op->args = std::move(args);
+  auto op = detail::make_op(engine_, state_, std::move(args), options, timeout_);
   op->p2p = p2p;
   op->p2p_send = p2p_send;
   op->peer = peer;
   op->tag = tag;
-  op->caller_waits = options.caller_waits;
-  op->traffic = options.traffic;
-  op->deadline_step = options.deadline_step;
-  op->timeout = options.timeout.value_or(timeout_);
-  op->deadline = coarse_now() + op->timeout;
   Handle handle(op);
   engine_->submit(std::move(op));
   return handle;
@@ -109,8 +101,12 @@ Handle Communicator::submit(CollArgs args, OpOptions options) {
 
 Handle Communicator::allreduce(const void* send, void* recv, std::size_t count, coll::DataType dtype,
                                coll::ReduceOp op, OpOptions options) {
-  return submit({.kind = CollKind::kAllreduce, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op},
-                options);
+  CollArgs args{.kind = CollKind::kAllreduce, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op};
+  validate(args, size());
+  if (options.caller_waits) {
+    if (auto handle = engine_->run_inline(state_, args, options, timeout_)) return std::move(*handle);
+  }
+  return enqueue(std::move(args), options, false, false, -1, 0);
 }
 
 Handle Communicator::broadcast(void* buffer, std::size_t count, coll::DataType dtype, int root, OpOptions options) {

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 
 #include "chunked_task.hpp"
 #include "collectives/select_reason.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trace.hpp"
@@ -70,6 +72,25 @@ void trace_op(const detail::OpState& op) {
                {"status", std::string(op.error ? "failed" : "done")}});
 }
 
+// The CPUs each rank on this host may run on (collective over the bootstrap).
+std::vector<std::vector<int>> local_ranks_cpus(transport::Bootstrap& bootstrap, const transport::Mesh& mesh) {
+  const std::vector<int> mine = allowed_cpus();
+  transport::Bytes bytes(mine.size() * sizeof(int));
+  if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const std::vector<transport::Bytes> all = bootstrap.allgather(bytes, config().timeout);
+  std::vector<std::vector<int>> local;
+  for (int r = 0; r < mesh.size(); ++r) {
+    if (mesh.host_of(r) != mesh.host_of(mesh.rank())) continue;
+    const transport::Bytes& theirs = all.at(static_cast<std::size_t>(r));
+    if (theirs.size() % sizeof(int) != 0) {
+      throw_error(Errc::kProtocol, fmt::format("engine: rank {} sent a CPU list of {} B", r, theirs.size()));
+    }
+    std::vector<int>& cpus = local.emplace_back(theirs.size() / sizeof(int));
+    if (!cpus.empty()) std::memcpy(cpus.data(), theirs.data(), theirs.size());
+  }
+  return local;
+}
+
 }  // namespace
 
 Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Scheduling scheduling)
@@ -81,9 +102,8 @@ Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Schedulin
       scheduling_(scheduling) {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw_errno("eventfd");
-  int local_ranks = 0;
-  for (int r = 0; r < mesh_->size(); ++r) local_ranks += mesh_->host_of(r) == mesh_->host_of(mesh_->rank()) ? 1 : 0;
-  WaitPolicy::process().decide(local_ranks);
+  const std::vector<std::vector<int>> cpus = local_ranks_cpus(bootstrap, *mesh_);
+  WaitPolicy::process().decide(static_cast<int>(cpus.size()), usable_cores(cpus));
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -214,7 +234,7 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
     for (const auto& other : running_) {
       if (other->comm == op->comm && other->chunks > 1 && other->task) static_cast<ChunkedTask&>(*other->task).make_all();
     }
-    const coll::Algorithm& algorithm = select(*op);
+    const coll::Algorithm& algorithm = select(*op->comm, op->args);
     if (log().should_log(spdlog::level::debug)) log().debug("{}: algorithm {}", op->describe(), algorithm.name);
     op->algorithm = algorithm.name;
     op->task = make_task(op, algorithm);
@@ -318,25 +338,25 @@ std::vector<int> Engine::awaited(const detail::OpState& op) const {
   return ranks;
 }
 
-const coll::Algorithm& Engine::select(detail::OpState& op) {
-  AlgorithmCache::Entry* cached = op.comm->algorithms.slot_for(op.args);
-  if (cached != nullptr && AlgorithmCache::matches(*cached, op.args)) return *cached->algorithm;
+const coll::Algorithm& Engine::select(CommState& comm, const coll::CollArgs& args) {
+  AlgorithmCache::Entry* cached = comm.algorithms.slot_for(args);
+  if (cached != nullptr && AlgorithmCache::matches(*cached, args)) return *cached->algorithm;
   // At info, the first choice for each (operation, size class) of a group is
   // logged with its reason, so a run shows which algorithms served it.
   std::string why;
   const bool tell = log().should_log(spdlog::level::info);
-  const coll::Algorithm& algorithm = tell ? coll::select_algorithm(op.args, *op.comm->group, overrides_, why)
-                                          : coll::select_algorithm(op.args, *op.comm->group, overrides_);
-  const std::size_t bytes = op.args.bytes();
+  const coll::Algorithm& algorithm = tell ? coll::select_algorithm(args, *comm.group, overrides_, why)
+                                          : coll::select_algorithm(args, *comm.group, overrides_);
+  const std::size_t bytes = args.bytes();
   const int size_class = std::bit_width(bytes);  // bytes in [2^(c-1), 2^c)
-  if (tell && op.comm->logged_choices.emplace(op.args.kind, size_class).second) {
-    log().info("comm {} ({} ranks): {} of {} to {} B: algorithm {} ({})", op.comm->id, op.comm->group->size(),
-               coll::kind_name(op.args.kind), size_class == 0 ? 0 : std::size_t{1} << (size_class - 1),
+  if (tell && comm.logged_choices.emplace(args.kind, size_class).second) {
+    log().info("comm {} ({} ranks): {} of {} to {} B: algorithm {} ({})", comm.id, comm.group->size(),
+               coll::kind_name(args.kind), size_class == 0 ? 0 : std::size_t{1} << (size_class - 1),
                size_class == 0 ? 0 : (std::size_t{1} << size_class) - 1, algorithm.name, why);
   }
   if (cached != nullptr) {
-    *cached = {.algorithm = &algorithm, .kind = op.args.kind, .dtype = op.args.dtype, .op = op.args.op,
-               .root = op.args.root, .count = op.args.count};
+    *cached = {.algorithm = &algorithm, .kind = args.kind, .dtype = args.dtype, .op = args.op,
+               .root = args.root, .count = args.count};
   }
   return algorithm;
 }

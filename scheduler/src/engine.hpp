@@ -10,12 +10,17 @@
 // Progress is driven by whoever holds the engine lock: the progress thread
 // ("dlop-progress"), or a caller spinning in Handle::wait. The thread sleeps
 // when nothing runs (no core burned while idle).
+//
+// A small blocking all-reduce on one host skips the queue when the engine is
+// idle (inline_path.cpp): the caller runs it under the engine lock, without
+// an allocation, and hands it over as a running op if its peers are late.
 #pragma once
 
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -27,7 +32,7 @@
 
 namespace dlop::sched {
 
-class Engine {
+class Engine : public std::enable_shared_from_this<Engine> {
  public:
   struct Scheduling {
     bool traffic_classes = true;
@@ -44,6 +49,13 @@ class Engine {
 
   // Queues an operation; wakes the progress thread unless the caller will wait.
   void submit(std::shared_ptr<detail::OpState> op);
+  // The fast path of a blocking all-reduce (options.caller_waits) that the
+  // host arena's inline round serves: when this engine runs nothing, runs it
+  // on the calling thread and returns its handle, done unless peers were late
+  // (then the engine runs the rest). nullopt: not for the fast path now;
+  // submit it. `args` must have passed the communicator's validation.
+  std::optional<Handle> run_inline(const std::shared_ptr<CommState>& comm, const coll::CollArgs& args,
+                                   const OpOptions& options, std::chrono::milliseconds default_timeout);
   // One progress pass on the calling thread if no one else is progressing.
   void try_progress();
   void wake_progress_thread();
@@ -93,7 +105,7 @@ class Engine {
   // this pass still in flight ahead of it (more urgent or earlier).
   bool may_begin_chunk(detail::OpState& op, const std::vector<detail::OpState*>& in_flight,
                        std::chrono::steady_clock::time_point now);
-  const coll::Algorithm& select(detail::OpState& op);
+  const coll::Algorithm& select(CommState& comm, const coll::CollArgs& args);
   // Mesh ranks the running op waits for: pending requests and its task's own.
   std::vector<int> awaited(const detail::OpState& op) const;
   void fail(detail::OpState& op, std::exception_ptr error);

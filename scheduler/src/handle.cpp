@@ -35,6 +35,21 @@ void OpState::complete(std::exception_ptr failure) {
   for (auto& callback : to_run) callback(failure);
 }
 
+std::shared_ptr<OpState> make_op(const std::shared_ptr<Engine>& engine, std::shared_ptr<CommState> comm,
+                                 coll::CollArgs args, const OpOptions& options,
+                                 std::chrono::milliseconds default_timeout) {
+  auto op = std::make_shared<OpState>();
+  op->engine = engine;
+  op->comm = std::move(comm);
+  op->args = std::move(args);
+  op->caller_waits = options.caller_waits;
+  op->traffic = options.traffic;
+  op->deadline_step = options.deadline_step;
+  op->timeout = options.timeout.value_or(default_timeout);
+  op->deadline = coarse_now() + op->timeout;
+  return op;
+}
+
 }  // namespace detail
 
 bool Handle::test() const {

@@ -131,5 +131,11 @@ struct OpState {
   void complete(std::exception_ptr failure);
 };
 
+// A collective as submitted: engine, communicator, class and deadline set
+// from `options` (timeout: `default_timeout` unless it names one).
+std::shared_ptr<OpState> make_op(const std::shared_ptr<Engine>& engine, std::shared_ptr<CommState> comm,
+                                 coll::CollArgs args, const OpOptions& options,
+                                 std::chrono::milliseconds default_timeout);
+
 }  // namespace detail
 }  // namespace dlop::sched

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/multiprocess.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/wait_policy.hpp"
 #include "scheduler/communicator.hpp"
@@ -66,6 +67,40 @@ TEST(WaitPolicy, CountsTheCoresOfItsAffinity) {
     const CoreBudget b = usable_cores();
     return b.cores <= 1.0 && b.why.find("affinity: 1 of") != std::string::npos;
   });
+}
+
+TEST(WaitPolicy, CountsTheCpusAnyRankOfTheHostMayRunOn) {
+  const CoreBudget own = usable_cores({allowed_cpus()});
+  EXPECT_EQ(own.cores, usable_cores().cores);  // one rank: its own affinity
+  // Bound to a core each, as mpirun --bind-to core leaves them: 2 cores,
+  // though each one's affinity counts 1 (capped by a cgroup quota).
+  const CoreBudget bound = usable_cores({{0}, {1}});
+  EXPECT_EQ(bound.cores, std::min(2.0, usable_cores({{0, 1}}).cores)) << bound.why;
+  EXPECT_NE(bound.why.find("2 ranks may run on 2 of"), std::string::npos) << bound.why;
+  EXPECT_LE(usable_cores({{0}, {0}}).cores, 1.0);
+  EXPECT_LE(usable_cores({{0, 1}, {0, 1}, {1, 0}}).cores, 2.0);
+}
+
+// Two ranks pinned before their engines start: to different CPUs they spin,
+// to the same one they yield.
+TEST(WaitPolicy, RanksPinnedToACoreEachSpinAndRanksSharingOneYield) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2 || usable_cores().cores < 2) GTEST_SKIP() << "needs 2 CPUs: " << usable_cores().why;
+  if (config().progress != ProgressMode::kAuto) GTEST_SKIP() << "DLOP_PROGRESS names a mode";
+  for (const bool shared : {false, true}) {
+    test::run_ranks(2, [&](transport::Bootstrap& b) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[shared ? 0 : static_cast<std::size_t>(b.rank())], &one);
+      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+      auto comm = Communicator::create(b);
+      EXPECT_EQ(WaitPolicy::process().mode(), shared ? WaitMode::kYield : WaitMode::kSpin)
+          << (shared ? "both on one CPU" : "a CPU each");
+      float x = 1;
+      comm->allreduce(&x, &x, 1, coll::DataType::kFloat32, coll::ReduceOp::kSum).wait();
+      EXPECT_EQ(x, 2.0f);
+    });
+  }
 }
 
 TEST(WaitPolicy, YieldsWhenRanksOutnumberCoresAndSpinsOtherwise) {

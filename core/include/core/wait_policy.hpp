@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/config.hpp"
 
@@ -48,6 +49,13 @@ struct CoreBudget {
   std::string why;
 };
 CoreBudget usable_cores();
+// The CPU numbers this process may run on (its affinity).
+std::vector<int> allowed_cpus();
+// The cores that ranks of one host, allowed these CPUs each (allowed_cpus),
+// may use together: every CPU one of them may run on, capped by this
+// process's cgroup quota. Ranks bound to a core each (mpirun --bind-to core)
+// have a core each though each one's affinity counts one.
+CoreBudget usable_cores(const std::vector<std::vector<int>>& allowed_per_rank);
 // A cgroup v2 cpu.max ("QUOTA PERIOD" or "max PERIOD") as cores; nullopt: no quota.
 std::optional<double> parse_cgroup_cpu_max(std::string_view text);
 
@@ -65,8 +73,9 @@ class WaitPolicy {
 
   WaitMode mode() const { return mode_.load(std::memory_order_relaxed); }
   // From an engine that starts with `local_ranks` ranks on this host (itself
-  // included); logs the choice at info when it changes the mode.
-  void decide(int local_ranks);
+  // included) that may use `cores` together; logs the choice at info when it
+  // changes the mode.
+  void decide(int local_ranks, const CoreBudget& cores);
   // A wait that spun for `wall` and was on a core for `on_cpu` of it. Spins
   // that keep getting less than half their time on a core switch an automatic
   // spin policy to yield (logged at info).

@@ -1,0 +1,84 @@
+// The fast path of a small blocking all-reduce (engine.hpp, Engine::run_inline).
+//
+// A blocking 8 B all-reduce through the queue costs an OpState, a Task, two
+// lock round trips and a completion; together several times the exchange of
+// one cache line with the peers. When the engine runs nothing, no ordering or
+// priority is at stake: the caller takes the next sequence numbers itself and
+// drives the host arena's inline round under the engine lock (the arena's
+// bookkeeping and the mesh's liveness checks need it). The lock is held for a
+// bounded number of polls; peers still late then, the round becomes an
+// ordinary running op, with the op's deadline, dead-peer checks and progress
+// by whoever holds the lock. It is not counted as gradient traffic in the
+// data credits while on the fast path: it lasts microseconds.
+//
+// Every rank makes the same arena rounds in the same order whichever path
+// each one takes: the fast path runs only when nothing is queued or running
+// here, so its round is the next one the queue would have made, and a round is
+// made only when selection picks the inline algorithm, as the queue would.
+#include "collectives/inline_allreduce.hpp"
+#include "core/trace.hpp"
+#include "core/wait_policy.hpp"
+#include "engine.hpp"
+
+namespace dlop::sched {
+namespace {
+
+// Polls under the engine lock before the round is handed over: about 20 us
+// of a peer's lateness at 2 ranks here (a poll is a load of a line that has
+// not changed, and a pause); a tight loop of calls on 2 ranks is never that
+// far apart. Without a core each (the wait policy does not spin), a poll
+// would only hold the core from the peer it waits for: the queue's waits yield.
+constexpr int kSpinPolls = 512;
+constexpr int kPollsWithoutSpin = 1;
+
+}  // namespace
+
+std::optional<Handle> Engine::run_inline(const std::shared_ptr<CommState>& comm, const coll::CollArgs& args,
+                                         const OpOptions& options, std::chrono::milliseconds default_timeout) {
+  // Signature checks and traces see every op in the queue.
+  if (!options.caller_waits || args.count == 0 || check_signatures_ || trace::enabled() ||
+      !coll::InlineAllreduceRound::accepts(args, *comm->group)) {
+    return std::nullopt;
+  }
+  std::unique_lock lock(engine_mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || !running_.empty() || !comm->broken.empty() ||
+      select(*comm, args).name != coll::kInlineAllreduceName) {
+    return std::nullopt;
+  }
+  std::uint64_t seq = 0;
+  {
+    std::lock_guard submit_lock(submit_mutex_);
+    if (!submitted_.empty()) return std::nullopt;  // they come first
+    seq = comm->next_seq++;
+  }
+  coll::InlineAllreduceRound round(args, *comm->group);
+  std::exception_ptr error;
+  try {
+    const int polls = WaitPolicy::process().mode() == WaitMode::kSpin ? kSpinPolls : kPollsWithoutSpin;
+    for (int i = 0; i < polls; ++i) {
+      if (round.progress()) return Handle();
+      cpu_relax();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Late peers or a failure: the op joins the running ones as if submitted.
+  auto op = detail::make_op(shared_from_this(), comm, args, options, default_timeout);
+  op->seq = seq;
+  op->order = ++started_ops_;
+  op->algorithm = coll::kInlineAllreduceName;
+  if (error) {
+    fail(*op, error);  // finished by the next pass, like a task that threw
+  } else {
+    op->task = coll::as_task(std::move(round));
+    if (op->traffic == TrafficClass::kGradient) {
+      op->counts_as_gradient = true;
+      data_credits_->gradient_started();
+    }
+  }
+  Handle handle(op);
+  add_running(std::move(op));
+  return handle;
+}
+
+}  // namespace dlop::sched

@@ -23,11 +23,11 @@
 namespace dlop::sched {
 namespace {
 
-// Polls under the engine lock before the round is handed over: about 20 us
-// of a peer's lateness at 2 ranks here (a poll is a load of a line that has
-// not changed, and a pause); a tight loop of calls on 2 ranks is never that
-// far apart. Without a core each (the wait policy does not spin), a poll
-// would only hold the core from the peer it waits for: the queue's waits yield.
+// Polls under the engine lock before the round is handed over: 16 us of a
+// peer's lateness here (a poll loads a line that has not changed, and
+// pauses); ranks calling in a tight loop are closer than that. Without a
+// core each (the wait policy does not spin), polling would only keep the
+// peer it waits for off the core: the queue's waits yield instead.
 constexpr int kSpinPolls = 512;
 constexpr int kPollsWithoutSpin = 1;
 

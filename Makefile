@@ -127,11 +127,11 @@ test-tsan: deps
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS)
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN)
 
-# The default test run: the engine (scheduler) and wait-policy tests under ThreadSanitizer.
+# The default test run: the engine (scheduler), its fast path and the wait-policy tests under ThreadSanitizer.
 test-tsan-engine: deps
 	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF)
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests
-	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy)\.'
+	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath)\.|/InlinePathRanks\.'
 
 sanitize: test-asan test-tsan
 

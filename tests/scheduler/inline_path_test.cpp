@@ -18,22 +18,34 @@
 #include "scheduler/communicator.hpp"
 #include "transport/file_store.hpp"
 
-// Heap allocations through operator new on the calling thread. GCC takes
-// the replacements' free() of what their malloc() returned for a mismatch
-// once it inlines them into a new-expression.
+// Heap allocations through operator new on the calling thread. Every
+// unaligned form is replaced, so that what one allocates another frees
+// (sanitizers check the pairs). GCC takes the replacements' free() of what
+// their malloc() returned for a mismatch once it inlines them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 namespace {
 thread_local std::size_t t_allocations = 0;
-}  // namespace
-
-void* operator new(std::size_t bytes) {
+void* counted_malloc(std::size_t bytes) noexcept {
   ++t_allocations;
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+void* counted_new(std::size_t bytes) {
+  if (void* p = counted_malloc(bytes)) return p;
   throw std::bad_alloc();
 }
+}  // namespace
+
+void* operator new(std::size_t bytes) { return counted_new(bytes); }
+void* operator new[](std::size_t bytes) { return counted_new(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept { return counted_malloc(bytes); }
+void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept { return counted_malloc(bytes); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
 
 namespace dlop::sched {

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
-#include <numeric>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>

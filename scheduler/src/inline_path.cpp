@@ -16,6 +16,7 @@
 // here, so its round is the next one the queue would have made, and a round is
 // made only when selection picks the inline algorithm, as the queue would.
 #include "collectives/inline_allreduce.hpp"
+#include "core/error.hpp"
 #include "core/trace.hpp"
 #include "core/wait_policy.hpp"
 #include "engine.hpp"
@@ -41,9 +42,11 @@ std::optional<Handle> Engine::run_inline(const std::shared_ptr<CommState>& comm,
     return std::nullopt;
   }
   std::unique_lock lock(engine_mutex_, std::try_to_lock);
-  if (!lock.owns_lock() || !running_.empty() || !comm->broken.empty() ||
-      select(*comm, args).name != coll::kInlineAllreduceName) {
-    return std::nullopt;
+  if (!lock.owns_lock() || !running_.empty() || !comm->broken.empty()) return std::nullopt;
+  try {
+    if (select(*comm, args).name != coll::kInlineAllreduceName) return std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;  // a DLOP_ALGO choice that declines: the queue fails the op with it, as for any op
   }
   std::uint64_t seq = 0;
   {

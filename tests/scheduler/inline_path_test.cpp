@@ -151,7 +151,7 @@ TEST(InlinePath, LatePeersGetTheRoundHandedToTheEngine) {
     for (int k = 0; k < 12; ++k) {
       const int late = k % comm->size();
       std::int64_t v = comm->rank() * 100 + k;
-      if (comm->rank() == late) std::this_thread::sleep_for(30ms);
+      if (comm->rank() == late) std::this_thread::sleep_for(100ms);  // the others must still be waiting at test()
       Handle handle = comm->allreduce(&v, &v, 1, DataType::kInt64, ReduceOp::kSum, kBlocking);
       // The early ranks return before the late one has called: the handle
       // is the engine's, still running.

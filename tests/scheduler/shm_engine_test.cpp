@@ -2,7 +2,7 @@
 // made: the tuning table's shared-memory all-reduce through the Communicator
 // API (world and split communicators, many operations in flight, sizes that
 // cross the protocol thresholds, whose algorithm choice the engine caches),
-// and a rank killed between small all-reduces.
+// and a rank killed between small all-reduces, queued and blocking.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -83,11 +83,16 @@ TEST(ShmEngine, SignatureCheckedOperationsInFlightKeepTheirOrder) {
   });
 }
 
-TEST(ShmEngine, RankKilledBetweenSmallAllreducesIsNamedWithinTheTimeout) {
-  test::RankGroup group(3, [](transport::Bootstrap& b) {
+// Queued, and blocking (the caller drives the round itself when the engine is
+// idle: scheduler/src/inline_path.cpp).
+class ShmEngineKill : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ShmEngineKill, RankKilledBetweenSmallAllreducesIsNamedAndTheCommunicatorRefusesTheNext) {
+  const OpOptions options{.caller_waits = GetParam()};
+  test::RankGroup group(3, [&](transport::Bootstrap& b) {
     auto comm = Communicator::create(b, {.timeout = 20s});
     float x = 1;
-    comm->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum).wait();
+    comm->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum, options).wait();
     ASSERT_EQ(x, 3.0f);
     b.set("ready/" + std::to_string(comm->rank()), {});
     if (comm->rank() == 2) {
@@ -95,17 +100,23 @@ TEST(ShmEngine, RankKilledBetweenSmallAllreducesIsNamedWithinTheTimeout) {
     }
     const auto start = Clock::now();
     try {
-      comm->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum).wait();
+      comm->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum, options).wait();
       ADD_FAILURE() << "the all-reduce finished without rank 2";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), Errc::kPeerDead) << e.what();
       EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
     }
     EXPECT_LT(Clock::now() - start, 15s);
+    try {
+      comm->allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum, options).wait();
+      ADD_FAILURE() << "a broken communicator ran an all-reduce";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kCanceled) << e.what();
+    }
   });
   transport::FileStore store(group.store_dir());
   for (int r = 0; r < 3; ++r) store.get("dlop/ready/" + std::to_string(r), 60s);
-  std::this_thread::sleep_for(300ms);  // the others are waiting on rank 2's flag by now
+  std::this_thread::sleep_for(300ms);  // the others are waiting on rank 2's input by now
   ASSERT_EQ(::kill(group.pid(2), SIGKILL), 0);
   const auto exits = group.wait(60s);
   for (int r = 0; r < 2; ++r) {
@@ -113,6 +124,9 @@ TEST(ShmEngine, RankKilledBetweenSmallAllreducesIsNamedWithinTheTimeout) {
     EXPECT_TRUE(exit.exited && exit.code == 0) << "rank " << r;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Waits, ShmEngineKill, ::testing::Values(false, true),
+                         [](const auto& param_info) { return param_info.param ? "blocking" : "queued"; });
 
 }  // namespace
 }  // namespace dlop::sched

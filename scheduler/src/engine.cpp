@@ -238,13 +238,16 @@ void Engine::start(const std::shared_ptr<detail::OpState>& op) {
     if (log().should_log(spdlog::level::debug)) log().debug("{}: algorithm {}", op->describe(), algorithm.name);
     op->algorithm = algorithm.name;
     op->task = make_task(op, algorithm);
-    if (op->traffic == TrafficClass::kGradient) {
-      op->counts_as_gradient = true;
-      data_credits_->gradient_started();
-    }
+    count_if_gradient(*op);
   } catch (...) {
     fail(*op, std::current_exception());
   }
+}
+
+void Engine::count_if_gradient(detail::OpState& op) {
+  if (op.traffic != TrafficClass::kGradient) return;
+  op.counts_as_gradient = true;  // finish_all reports its end
+  data_credits_->gradient_started();
 }
 
 std::unique_ptr<coll::Task> Engine::make_task(const std::shared_ptr<detail::OpState>& op,

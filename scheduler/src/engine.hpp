@@ -99,6 +99,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished);
   void start(const std::shared_ptr<detail::OpState>& op);
   std::unique_ptr<coll::Task> make_task(const std::shared_ptr<detail::OpState>& op, const coll::Algorithm& algorithm);
+  // A gradient op whose task starts counts in the data credits until it finishes.
+  void count_if_gradient(detail::OpState& op);
   // Inserts a started op into running_ at its place in the progress order.
   void add_running(std::shared_ptr<detail::OpState> op);
   // Whether a chunked op may begin its next chunk, given the collectives of

@@ -74,10 +74,7 @@ std::optional<Handle> Engine::run_inline(const std::shared_ptr<CommState>& comm,
     fail(*op, error);  // finished by the next pass, like a task that threw
   } else {
     op->task = coll::as_task(std::move(round));
-    if (op->traffic == TrafficClass::kGradient) {
-      op->counts_as_gradient = true;
-      data_credits_->gradient_started();
-    }
+    count_if_gradient(*op);
   }
   Handle handle(op);
   add_running(std::move(op));

@@ -56,6 +56,16 @@ void bind_backend(py::module_& m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = std::string{},
            py::call_guard<py::gil_scoped_release>())
+      .def(
+          "set_device_backend",
+          [](backend::ProcessGroupDlop& pg, const c10::intrusive_ptr<c10d::Backend>& delegate, std::string name,
+             const std::vector<std::string>& device_types, bool stage_others) {
+            std::vector<c10::DeviceType> types;
+            for (const auto& type : device_types) types.push_back(c10::Device(type).type());
+            pg.set_device_backend(delegate, std::move(name), std::move(types), stage_others);
+          },
+          py::arg("backend"), py::arg("name"), py::arg("device_types"), py::arg("stage_others"),
+          "Delegates calls on tensors of these device types to `backend` (see DLOP_DEVICE_BACKEND)")
       .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); });
   // Known to pybind11 so that a returned Work is found by its own type at
   // once: an unknown subclass of c10d::Work costs every call two failed type

@@ -9,6 +9,8 @@
 
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
+#include "device_staging.hpp"
+#include "staged_ops.hpp"
 #include "tensor_args.hpp"
 #include "backend/work_dlop.hpp"
 
@@ -162,11 +164,14 @@ SparseGathers start_sparse_allreduce(sched::Communicator& comm, const at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
+  const auto device = call_device(tensors, "allreduce");
+  if (auto work = delegated(device, "allreduce", [&](c10d::Backend& d) { return d.allreduce(tensors, opts); })) return work;
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
     auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
     return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
                      std::move(gathers.finish));
   }
+  if (!device.is_cpu()) return on_device::allreduce(*this, device, tensors, opts);
   const auto& tensor = single_tensor(tensors, "allreduce");
   const auto op = engine_op(opts.reduceOp, "allreduce");
   auto stage = staged(tensor);
@@ -181,6 +186,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  const auto device = call_device({&tensors}, "allreduce_coalesced");
+  if (auto work = delegated(device, "allreduce_coalesced", [&](c10d::Backend& d) { return d.allreduce_coalesced(tensors, opts); })) return work;
+  if (!device.is_cpu()) return on_device::allreduce_coalesced(*this, device, tensors, opts);
   DLOP_CHECK_ARG(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
   for (const auto& t : tensors) {
     check_tensor(t, "allreduce_coalesced");
@@ -201,6 +209,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
+  const auto device = call_device({&tensors}, "broadcast");
+  if (auto work = delegated(device, "broadcast", [&](c10d::Backend& d) { return d.broadcast(tensors, opts); })) return work;
+  if (!device.is_cpu()) return on_device::broadcast(*this, device, tensors, opts);
   const auto& tensor = single_tensor(tensors, "broadcast");
   check_root(opts.rootRank, "broadcast");
   DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop broadcast: invalid root tensor ", opts.rootTensor);
@@ -217,6 +228,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
+  const auto device = call_device({&tensors}, "reduce");
+  if (auto work = delegated(device, "reduce", [&](c10d::Backend& d) { return d.reduce(tensors, opts); })) return work;
+  if (!device.is_cpu()) return on_device::reduce(*this, device, tensors, opts);
   const auto& tensor = single_tensor(tensors, "reduce");
   check_root(opts.rootRank, "reduce");
   DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop reduce: invalid root tensor ", opts.rootTensor);
@@ -236,6 +250,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
+  const auto output_list = flatten(outputs);
+  const auto device = call_device({&inputs, &output_list}, "allgather");
+  if (auto work = delegated(device, "allgather", [&](c10d::Backend& d) { return d.allgather(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::allgather(*this, device, outputs, inputs, opts);
   const auto& input = single_tensor(inputs, "allgather");
   DLOP_CHECK_ARG(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
   const auto& list = outputs[0];
@@ -258,6 +276,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
+  const std::vector<at::Tensor> both{input, output};
+  const auto device = call_device({&both}, "all_gather_into_tensor");
+  if (auto work = delegated(device, "all_gather_into_tensor", [&](c10d::Backend& d) { return d._allgather_base(output, input, opts); })) return work;
+  if (!device.is_cpu()) return on_device::allgather_base(*this, device, output, input, opts);
   check_tensor(input, "all_gather_into_tensor");
   check_tensor(output, "all_gather_into_tensor");
   check_same_dtype(input, output, "all_gather_into_tensor");
@@ -276,6 +298,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& out
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
+  const auto output_list = flatten(outputs);
+  const auto device = call_device({&inputs, &output_list}, "allgather_coalesced");
+  if (auto work = delegated(device, "allgather_coalesced", [&](c10d::Backend& d) { return d.allgather_coalesced(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::allgather_coalesced(*this, device, outputs, inputs, opts);
   // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
   // inputs packed together.
   DLOP_CHECK_ARG(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
@@ -306,6 +332,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
+  const auto device = call_device({&inputs, &outputs}, "allgather_into_tensor_coalesced");
+  if (auto work = delegated(device, "allgather_into_tensor_coalesced", [&](c10d::Backend& d) { return d.allgather_into_tensor_coalesced(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::allgather_into_tensor_coalesced(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   std::vector<sched::Handle> handles;
@@ -335,6 +364,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
+  const auto output_list = flatten(outputs);
+  const auto device = call_device({&inputs, &output_list}, "gather");
+  if (auto work = delegated(device, "gather", [&](c10d::Backend& d) { return d.gather(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::gather(*this, device, outputs, inputs, opts);
   const auto& input = single_tensor(inputs, "gather");
   check_root(opts.rootRank, "gather");
   const int root = static_cast<int>(opts.rootRank);
@@ -358,6 +391,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
+  const auto input_list = flatten(inputs);
+  const auto device = call_device({&outputs, &input_list}, "scatter");
+  if (auto work = delegated(device, "scatter", [&](c10d::Backend& d) { return d.scatter(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::scatter(*this, device, outputs, inputs, opts);
   const auto& output = single_tensor(outputs, "scatter");
   check_root(opts.rootRank, "scatter");
   const int root = static_cast<int>(opts.rootRank);
@@ -381,6 +418,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
+  const auto input_list = flatten(inputs);
+  const auto device = call_device({&outputs, &input_list}, "reduce_scatter");
+  if (auto work = delegated(device, "reduce_scatter", [&](c10d::Backend& d) { return d.reduce_scatter(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::reduce_scatter(*this, device, outputs, inputs, opts);
   const auto& output = single_tensor(outputs, "reduce_scatter");
   DLOP_CHECK_ARG(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
   const auto& list = inputs[0];
@@ -411,6 +452,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
+  const std::vector<at::Tensor> both{input, output};
+  const auto device = call_device({&both}, "reduce_scatter_tensor");
+  if (auto work = delegated(device, "reduce_scatter_tensor", [&](c10d::Backend& d) { return d._reduce_scatter_base(output, input, opts); })) return work;
+  if (!device.is_cpu()) return on_device::reduce_scatter_base(*this, device, output, input, opts);
   check_tensor(input, "reduce_scatter_tensor");
   check_tensor(output, "reduce_scatter_tensor");
   check_same_dtype(input, output, "reduce_scatter_tensor");
@@ -433,6 +478,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const auto device = call_device({&inputs, &outputs}, "reduce_scatter_tensor_coalesced");
+  if (auto work = delegated(device, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& d) { return d.reduce_scatter_tensor_coalesced(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::reduce_scatter_tensor_coalesced(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
@@ -468,6 +516,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& outpu
                                                                std::vector<int64_t>& output_split_sizes,
                                                                std::vector<int64_t>& input_split_sizes,
                                                                const c10d::AllToAllOptions& opts) {
+  const std::vector<at::Tensor> both{input, output};
+  const auto device = call_device({&both}, "all_to_all_single");
+  if (auto work = delegated(device, "all_to_all_single", [&](c10d::Backend& d) { return d.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts); })) return work;
+  if (!device.is_cpu()) return on_device::alltoall_base(*this, device, output, input, output_split_sizes, input_split_sizes, opts);
   check_tensor(input, "all_to_all_single");
   check_tensor(output, "all_to_all_single");
   check_same_dtype(input, output, "all_to_all_single");
@@ -509,6 +561,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& outpu
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
+  const auto device = call_device({&inputs, &outputs}, "all_to_all");
+  if (auto work = delegated(device, "all_to_all", [&](c10d::Backend& d) { return d.alltoall(outputs, inputs, opts); })) return work;
+  if (!device.is_cpu()) return on_device::alltoall(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(!inputs.empty(), "dlop all_to_all: no input tensors");
   check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
   check_list(outputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");

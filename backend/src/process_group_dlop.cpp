@@ -5,9 +5,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backend/torch_error.hpp"
 #include "c10d_store.hpp"
+#include "delegation.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "device_staging.hpp"
+#include "staged_ops.hpp"
 #include "tensor_args.hpp"
 #include "backend/work_dlop.hpp"
 #include "world_registry.hpp"
@@ -72,7 +76,33 @@ sched::OpOptions ProcessGroupDlop::op_options(std::chrono::milliseconds timeout)
   // (c10d's AllreduceOptions carries no tag): every collective of a process
   // group is gradient traffic, the class the training step waits on.
   options.traffic = sched::TrafficClass::kGradient;
+  options.ready = DeviceScope::ready();  // staged device buffers: start once copied out
   return options;
+}
+
+void ProcessGroupDlop::set_device_backend(c10::intrusive_ptr<c10d::Backend> delegate, std::string name,
+                                          std::vector<c10::DeviceType> device_types, bool stage_others) {
+  delegate_ = std::move(delegate);
+  delegate_name_ = std::move(name);
+  delegate_types_ = std::move(device_types);
+  stage_others_ = stage_others;
+}
+
+bool ProcessGroupDlop::delegates(c10::Device device, const char* op) const {
+  // The host half of a staged call is dlop's own.
+  if (DeviceScope::active()) return false;
+  if (delegate_ && std::find(delegate_types_.begin(), delegate_types_.end(), device.type()) != delegate_types_.end()) {
+    return true;
+  }
+  DLOP_CHECK_ARG(stage_others_ || device.is_cpu(), "dlop ", op, ": DLOP_DEVICE_BACKEND=", delegate_name_,
+                 " sends accelerator tensors to backend ", delegate_name_, ", which cannot serve tensors on ",
+                 device.str(), "; set DLOP_DEVICE_BACKEND=staged (or auto) to stage them through host memory");
+  return false;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::track_delegated(c10::intrusive_ptr<c10d::Work> work) {
+  count_until_done(work, comm_->data_credits());
+  return work;
 }
 
 void ProcessGroupDlop::check_root(int64_t root, const char* op) const {
@@ -158,6 +188,9 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const auto device = call_device(tensors, "send");
+  if (auto work = delegated(device, "send", [&](c10d::Backend& d) { return d.send(tensors, dst_rank, tag); })) return work;
+  if (!device.is_cpu()) return on_device::send(*this, device, tensors, dst_rank, tag);
   const auto& tensor = single_tensor(tensors, "send");
   check_tag(tag, "send");
   TORCH_CHECK_VALUE(dst_rank >= 0 && dst_rank < getSize(), "dlop send: invalid destination rank ", dst_rank,
@@ -170,6 +203,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& t
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const auto device = call_device(tensors, "recv");
+  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recv(tensors, src_rank, tag); })) return work;
+  if (!device.is_cpu()) return on_device::recv(*this, device, tensors, src_rank, tag);
   const auto& tensor = single_tensor(tensors, "recv");
   check_tag(tag, "recv");
   TORCH_CHECK_VALUE(src_rank >= 0 && src_rank < getSize(), "dlop recv: invalid source rank ", src_rank,
@@ -183,6 +219,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& t
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const auto device = call_device(tensors, "recv");
+  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recvAnysource(tensors, tag); })) return work;
+  if (!device.is_cpu()) return on_device::recv_anysource(*this, device, tensors, tag);
   const auto& tensor = single_tensor(tensors, "recv");
   check_tag(tag, "recv");
   auto stage = staged(tensor);

@@ -37,10 +37,8 @@ std::optional<coll::DataType> engine_dtype(at::ScalarType type) {
 
 void check_tensor(const at::Tensor& tensor, std::string_view op) {
   TORCH_CHECK(tensor.defined(), "dlop ", op, ": undefined tensor");
-  TORCH_CHECK(!tensor.is_cuda(), "dlop ", op, ": CUDA tensors are not supported yet (this version of dlop runs ",
-              "collectives on CPU tensors only); got a tensor on ", tensor.device().str(),
-              ". Use backend \"cpu:dlop,cuda:nccl\" or move the tensor to the CPU.");
-  TORCH_CHECK(tensor.device().is_cpu(), "dlop ", op, ": tensors must be on the CPU, got ", tensor.device().str());
+  // Accelerator tensors are staged or delegated before they get here.
+  TORCH_CHECK(tensor.device().is_cpu(), "dlop ", op, ": expected a CPU tensor here, got ", tensor.device().str());
   DLOP_CHECK_ARG(tensor.layout() == at::kStrided, "dlop ", op, ": only dense tensors are supported, got layout ",
                     tensor.layout());
 }

@@ -20,7 +20,7 @@ struct BufferView {
   coll::DataType dtype = coll::DataType::kUInt8;
 };
 
-// Dense, on the CPU. (CUDA tensors are refused with a message saying so.)
+// Dense, on the CPU (accelerator tensors reach the host path as pinned host copies).
 void check_tensor(const at::Tensor& tensor, std::string_view op);
 // Exactly one tensor (dlop, like Gloo on CPU, runs one tensor per call).
 const at::Tensor& single_tensor(const std::vector<at::Tensor>& tensors, std::string_view op);

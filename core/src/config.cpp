@@ -60,6 +60,10 @@ Config Config::from_env() {
     c.chunk_bytes = static_cast<std::size_t>(parse_count("DLOP_CHUNK_BYTES", v));
     if (c.chunk_bytes == 0) throw_error(Errc::kInvalidArgument, "DLOP_CHUNK_BYTES must be at least 1");
   }
+  if (const char* v = env("DLOP_DEVICE_CHUNK_BYTES")) {
+    c.device_chunk_bytes = static_cast<std::size_t>(parse_count("DLOP_DEVICE_CHUNK_BYTES", v));
+    if (c.device_chunk_bytes == 0) throw_error(Errc::kInvalidArgument, "DLOP_DEVICE_CHUNK_BYTES must be at least 1");
+  }
   if (const char* v = env("DLOP_TRACE")) c.trace_dir = v;
   if (const char* v = env("DLOP_DATA_RATE_MBPS")) {
     c.data_rate_mbps = static_cast<std::size_t>(parse_count("DLOP_DATA_RATE_MBPS", v));

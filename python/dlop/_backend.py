@@ -15,7 +15,7 @@ def _create_backend(dist_options, _backend_options):
     # the default group itself), which lets sub-groups share its engine.
     from dlop import _C
 
-    return _C.ProcessGroupDlop(
+    pg = _C.ProcessGroupDlop(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
@@ -23,19 +23,67 @@ def _create_backend(dist_options, _backend_options):
         list(dist_options.global_ranks_in_group),
         str(dist_options.group_id),
     )
+    from dlop._device_backend import attach_device_backend
+
+    attach_device_backend(pg, dist_options)
+    return pg
+
+
+def _device_types() -> list[str]:
+    """The device types dlop serves: the CPU and every accelerator torch can name."""
+    import torch
+
+    types = ["cpu", "cuda", "xpu"]
+    renamed = torch._C._get_privateuse1_backend_name()
+    if renamed != "privateuseone":
+        types.append(renamed)
+    return types
+
+
+def register_device(device_type: str) -> None:
+    """Lets groups made from now on run "dlop" on tensors of `device_type`.
+
+    For an accelerator that names itself (a PrivateUse1 device) after
+    ``import dlop``: ``dlop.testing.accelerator`` calls it for ``dlop_test``.
+    """
+    import torch.distributed as dist
+
+    register_backend()
+    served = dist.Backend.backend_capability.setdefault(BACKEND_NAME, [])
+    if device_type not in served:
+        served.append(device_type)
+    _serve_device_in_existing_groups(device_type)
+
+
+def _serve_device_in_existing_groups(device_type: str) -> None:
+    """Groups made before the device was named serve it too (torch maps device types to backends per group)."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    if not c10d.is_initialized():
+        return
+    from dlop import _C
+
+    for pg in list(c10d._world.pg_map):
+        try:
+            backend = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            continue
+        if isinstance(backend, _C.ProcessGroupDlop):
+            pg._register_backend(torch.device(device_type), c10d.ProcessGroup.BackendType.CUSTOM, backend)
 
 
 def register_backend() -> None:
-    """Registers backend "dlop" for CPU tensors (idempotent)."""
+    """Registers backend "dlop" for CPU and accelerator tensors (idempotent)."""
     import torch.distributed as dist
 
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    # CUDA is claimed too so that a CUDA tensor reaches dlop and gets its
-    # message ("CUDA tensors are not supported yet") rather than a lookup error.
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    # Accelerator tensors are staged through pinned host memory or delegated
+    # to the device's own backend (dlop._device_backend).
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=_device_types())
     _allow_monitored_barrier()
 
 

@@ -117,6 +117,8 @@ Engine::~Engine() {
     left.assign(submitted_.begin(), submitted_.end());
     submitted_.clear();
   }
+  left.insert(left.end(), gated_.begin(), gated_.end());
+  gated_.clear();
   left.insert(left.end(), running_.begin(), running_.end());
   running_.clear();
   for (auto& op : left) {
@@ -372,12 +374,17 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
       has_submitted_.store(false, std::memory_order_relaxed);
     }
     for (auto& op : starting_) {
-      start(op);
-      add_running(std::move(op));
+      if (gated_.empty() && (!op->ready || op->ready->ready())) {
+        start(op);
+        add_running(std::move(op));
+      } else {
+        gated_.push_back(std::move(op));
+      }
     }
     starting_.clear();
   }
-  if (running_.empty()) return false;
+  if (!gated_.empty()) start_ready_gated(finished);
+  if (running_.empty()) return !gated_.empty();
   // Tasks that only poll shared memory need no UCX pass (a third of a small
   // all-reduce's polling loop): their peers' deaths are found by their own
   // liveness checks (StallWatch). One pass in kMemoryOnlyPasses still
@@ -434,6 +441,26 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
   return !running_.empty();
 }
 
+void Engine::start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& finished) {
+  while (!gated_.empty()) {
+    auto& op = gated_.front();
+    if (op->ready->ready()) {
+      start(op);
+      add_running(std::move(op));
+    } else if (coarse_now() >= op->deadline) {
+      // The ops behind it start: ranks whose device copy finished started it,
+      // and fail it in turn by their own timeout or this rank's absence.
+      fail(*op, std::make_exception_ptr(Error(
+                    Errc::kTimeout, fmt::format("{} timed out after {} ms before it could start: still waiting for {}",
+                                                op->describe(), op->timeout.count(), op->ready->describe()))));
+      finished.push_back(std::move(op));
+    } else {
+      return;
+    }
+    gated_.pop_front();
+  }
+}
+
 bool Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {mesh_->event_fd(), POLLIN, 0}};
   const bool ucx = with_ucx && fds[1].fd >= 0;
@@ -472,9 +499,11 @@ void Engine::thread_main() {
     idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
     if (!had || !finished.empty()) spin_passes = kSpinPasses;
     bool sleep = !running || (idle_passes > spin_passes && mesh_->arm());
+    // Nothing wakes the thread when a device copy finishes: poll gated ops too.
     const bool polls_memory = sleep && running &&
-                              std::any_of(running_.begin(), running_.end(),
-                                          [](const auto& op) { return op->task && op->task->polls_memory(); });
+                              (!gated_.empty() ||
+                               std::any_of(running_.begin(), running_.end(),
+                                           [](const auto& op) { return op->task && op->task->polls_memory(); }));
     lock.unlock();
     finish_all(finished);
     if (polls_memory || (running && !sleep && mode != WaitMode::kSpin)) {
@@ -511,6 +540,13 @@ void Engine::abort(const std::shared_ptr<CommState>& comm, const std::string& re
       }
     }
     std::erase_if(running_, [&](const auto& op) { return op->comm == comm; });
+    for (auto& op : gated_) {
+      if (op->comm == comm) {
+        fail(*op, std::make_exception_ptr(Error(Errc::kCanceled, fmt::format("{} aborted: {}", op->describe(), reason))));
+        finished.push_back(op);
+      }
+    }
+    std::erase_if(gated_, [&](const auto& op) { return op->comm == comm; });
   }
   finish_all(finished);
 }

@@ -98,6 +98,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // op is still running.
   bool progress_locked(std::vector<std::shared_ptr<detail::OpState>>& finished);
   void start(const std::shared_ptr<detail::OpState>& op);
+  // Starts gated ops from the front while their events are ready; fails one
+  // past its deadline.
+  void start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& finished);
   std::unique_ptr<coll::Task> make_task(const std::shared_ptr<detail::OpState>& op, const coll::Algorithm& algorithm);
   // A gradient op whose task starts counts in the data credits until it finishes.
   void count_if_gradient(detail::OpState& op);
@@ -136,6 +139,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex submit_mutex_;
   std::vector<std::shared_ptr<detail::OpState>> submitted_;
   std::vector<std::shared_ptr<detail::OpState>> starting_;  // engine lock: the batch being started
+  // Engine lock: submitted ops waiting for their ReadyEvent, and every op
+  // submitted after the first of them (ops start in submission order).
+  std::deque<std::shared_ptr<detail::OpState>> gated_;
   std::atomic<bool> has_submitted_{false};
 
   int wake_fd_ = -1;  // eventfd the progress thread sleeps on

@@ -47,6 +47,7 @@ std::shared_ptr<OpState> make_op(const std::shared_ptr<Engine>& engine, std::sha
   op->deadline_step = options.deadline_step;
   op->timeout = options.timeout.value_or(default_timeout);
   op->deadline = coarse_now() + op->timeout;
+  op->ready = options.ready;
   return op;
 }
 

@@ -37,12 +37,12 @@ constexpr int kPollsWithoutSpin = 1;
 std::optional<Handle> Engine::run_inline(const std::shared_ptr<CommState>& comm, const coll::CollArgs& args,
                                          const OpOptions& options, std::chrono::milliseconds default_timeout) {
   // Signature checks and traces see every op in the queue.
-  if (!options.caller_waits || args.count == 0 || check_signatures_ || trace::enabled() ||
+  if (!options.caller_waits || options.ready || args.count == 0 || check_signatures_ || trace::enabled() ||
       !coll::InlineAllreduceRound::accepts(args, *comm->group)) {
     return std::nullopt;
   }
   std::unique_lock lock(engine_mutex_, std::try_to_lock);
-  if (!lock.owns_lock() || !running_.empty() || !comm->broken.empty()) return std::nullopt;
+  if (!lock.owns_lock() || !running_.empty() || !gated_.empty() || !comm->broken.empty()) return std::nullopt;
   try {
     if (select(*comm, args).name != coll::kInlineAllreduceName) return std::nullopt;
   } catch (const Error&) {

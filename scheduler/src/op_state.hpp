@@ -101,6 +101,7 @@ struct OpState {
   std::size_t chunks = 1;           // collectives: chunk i runs as sequence number seq + i
   std::chrono::milliseconds timeout{0};
   std::chrono::steady_clock::time_point deadline;
+  std::shared_ptr<const ReadyEvent> ready;  // start only once ready (OpOptions::ready)
 
   // Engine-side, under the engine lock.
   std::unique_ptr<coll::Task> task;

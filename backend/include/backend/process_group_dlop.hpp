@@ -104,6 +104,16 @@ class ProcessGroupDlop : public c10d::Backend {
 
   sched::Communicator& communicator() { return *comm_; }
 
+  // Hands the calls on tensors of `device_types` to `delegate`, a backend
+  // made for the same ranks (ProcessGroupNCCL for CUDA where each rank has
+  // its own GPU; made in Python, python/dlop/_backend.py, so that dlop needs
+  // no device library's headers). The engine still counts each delegated
+  // call as gradient traffic in its data credits until it completes. With
+  // `stage_others` false, accelerator tensors the delegate does not serve
+  // are refused instead of staged (DLOP_DEVICE_BACKEND names one backend).
+  void set_device_backend(c10::intrusive_ptr<c10d::Backend> delegate, std::string name,
+                          std::vector<c10::DeviceType> device_types, bool stage_others);
+
  private:
   sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
   // Wraps submitted handles into a Work that completes with `outputs` after
@@ -113,6 +123,16 @@ class ProcessGroupDlop : public c10d::Backend {
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
                                            std::function<void()> finish = {}, bool caller_waits = false);
   void check_root(int64_t root, const char* op) const;
+  // The delegate's Work for a call on `device`, counted as gradient traffic;
+  // null when dlop runs the call itself.
+  template <class Call>
+  c10::intrusive_ptr<c10d::Work> delegated(c10::Device device, const char* op, Call&& call) {
+    if (!delegate_ && stage_others_) return {};
+    if (!delegates(device, op)) return {};
+    return track_delegated(call(*delegate_));
+  }
+  bool delegates(c10::Device device, const char* op) const;
+  c10::intrusive_ptr<c10d::Work> track_delegated(c10::intrusive_ptr<c10d::Work> work);
 
   // Declared before comm_, so destroyed after it: the engine refers to the
   // bootstrap it was made with (the default group's, for a sub-group).
@@ -124,6 +144,10 @@ class ProcessGroupDlop : public c10d::Backend {
   std::atomic<uint64_t> collectives_issued_{0};
   std::chrono::milliseconds timeout_;
   std::string group_name_;
+  c10::intrusive_ptr<c10d::Backend> delegate_;  // set once, before the first call
+  std::string delegate_name_;
+  std::vector<c10::DeviceType> delegate_types_;
+  bool stage_others_ = true;
 };
 
 }  // namespace dlop::backend

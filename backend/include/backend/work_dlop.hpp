@@ -104,8 +104,10 @@ class WorkDlop : public c10d::Work {
 // Blocking torch calls (async_op=False) wait at once: the caller's thread
 // drives the engine instead of waking the progress thread, and the Work is
 // complete when returned. asyncOp is missing from older torch headers.
+bool in_device_scope();  // the host half of a staged device call: its Work waits (device_staging.hpp)
 template <class Options>
 bool caller_waits(const Options& opts) {
+  if (in_device_scope()) return false;
   if constexpr (requires { opts.asyncOp; }) {
     return !opts.asyncOp;
   } else {

@@ -21,6 +21,7 @@ struct Config {
   bool debug_detail = false;                      // DLOP_DEBUG=detail: cross-check every op's signature
   bool traffic_classes = true;                    // DLOP_TRAFFIC_CLASSES=0: plain submission order, no chunking
   std::size_t chunk_bytes = 8u << 20;             // DLOP_CHUNK_BYTES: all-reduces above this run in chunks
+  std::size_t device_chunk_bytes = 4u << 20;      // DLOP_DEVICE_CHUNK_BYTES: staged device all-reduces go in chunks of this
   std::string trace_dir;                          // DLOP_TRACE: write a Chrome trace per process here
   std::size_t data_rate_mbps = 1000;              // DLOP_DATA_RATE_MBPS: offloaded batches' MB/s while gradients move
   std::size_t data_piece_bytes = 0;               // DLOP_DATA_PIECE_BYTES: paced batches travel in pieces (0: whole)

@@ -31,6 +31,7 @@
 #include "core/config.hpp"
 #include "scheduler/data_credits.hpp"
 #include "scheduler/handle.hpp"
+#include "scheduler/ready_event.hpp"
 #include "transport/bootstrap.hpp"
 
 namespace dlop::sched {
@@ -48,6 +49,10 @@ struct OpOptions {
   bool caller_waits = false;
   TrafficClass traffic = TrafficClass::kGradient;
   std::uint64_t deadline_step = 0;  // kData: the training step that consumes the result (earlier goes first)
+  // Set for buffers still being filled by a device stream: the operation
+  // starts once the event is ready, and the operations submitted after it
+  // wait behind it (start order stays the submission order). Null: ready.
+  std::shared_ptr<const ReadyEvent> ready;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {

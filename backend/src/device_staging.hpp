@@ -1,0 +1,115 @@
+// Accelerator tensors staged through page-locked host memory, through torch's
+// device-generic API only (c10::Stream, c10::Event, VirtualGuardImpl, the
+// device's pinned-memory allocator): one code path for CUDA, ROCm, XPU and
+// any PrivateUse1 device, the project's test accelerator included.
+//
+// A call on device tensors (process_group_device.cpp) goes:
+//   1. an event on the caller's current stream; the process's copy-out stream
+//      for the device waits on it, so the copies see the caller's earlier work;
+//   2. device-to-host copies into pinned buffers on that stream, and an event
+//      after them, which the engine polls before it starts the host operation
+//      (sched::ReadyEvent: the engine never blocks on a device);
+//   3. the host collective on the pinned buffers (the CPU implementation);
+//   4. as each host operation finishes, host-to-device copies on the copy-in
+//      stream, then an end event (work_device.hpp), which Work.wait() makes
+//      the caller's current stream wait on.
+// A large all-reduce or broadcast goes in chunks, each its own engine
+// operation with its own event, so the copies of one chunk overlap the host
+// collective of another.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "scheduler/ready_event.hpp"
+
+namespace dlop::backend {
+
+// The device of a call's tensors: CPU, or the one accelerator they are all
+// on. Tensors on two devices are a ValueError naming both.
+c10::Device call_device(std::initializer_list<const std::vector<at::Tensor>*> lists, std::string_view op);
+inline c10::Device call_device(const std::vector<at::Tensor>& tensors, std::string_view op) {
+  return call_device({&tensors}, op);
+}
+// The same for nested lists (all-gather outputs, scatter inputs).
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists);
+
+// The process's two internal streams for a device: copies to the host, copies
+// back (two, so that chunk i's copy back need not wait for chunk i+1's copy out).
+struct InternalStreams {
+  c10::Stream to_host;
+  c10::Stream to_device;
+};
+InternalStreams internal_streams(c10::Device device);
+
+// Page-locked host buffers, per device type, kept and reused (allocating
+// pinned memory costs far more than the copies it speeds up). A lease goes
+// back to the pool when its last holder drops it.
+std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes);
+
+// An event on a device stream as the engine sees it.
+class StreamEvent final : public sched::ReadyEvent {
+ public:
+  StreamEvent(c10::Device device, const c10::Stream& stream);  // records at once
+  bool ready() const override { return event_.query(); }
+  std::string describe() const override;
+  const c10::Event& event() const { return event_; }
+
+ private:
+  c10::Event event_;
+  std::string what_;
+};
+
+// What a staged call keeps alive until its end event has passed: pinned
+// leases, host stages, the device tensors the copies read and write.
+struct StagedBuffers {
+  std::vector<std::shared_ptr<at::Tensor>> leases;
+  std::vector<at::Tensor> tensors;
+};
+
+// One call's staging: the copies out, and the event the host operation waits for.
+class DeviceCall {
+ public:
+  explicit DeviceCall(c10::Device device);
+  c10::Device device() const { return device_; }
+  const InternalStreams& streams() const { return streams_; }
+  // A pinned, contiguous host copy of t (copy enqueued on the copy-out stream).
+  at::Tensor to_host(const at::Tensor& t);
+  // A pinned host tensor shaped as t, not filled (outputs).
+  at::Tensor host_like(const at::Tensor& t);
+  // Records the event after the copies enqueued so far.
+  std::shared_ptr<const StreamEvent> staged() const;
+  // For host code that reads the inputs at call time (packing lists,
+  // premultiplying): blocks until they have arrived.
+  void wait_on_host();
+  const std::shared_ptr<StagedBuffers>& buffers() const { return buffers_; }
+
+ private:
+  c10::Device device_;
+  InternalStreams streams_;
+  std::shared_ptr<StagedBuffers> buffers_ = std::make_shared<StagedBuffers>();
+};
+
+// While one exists on a thread, the host operations it submits wait for
+// `ready` and never complete on the caller's thread (the device call's Work
+// does its waiting): process_group_dlop.cpp's op_options and caller_waits.
+class DeviceScope {
+ public:
+  explicit DeviceScope(std::shared_ptr<const sched::ReadyEvent> ready);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  static bool active();
+  static const std::shared_ptr<const sched::ReadyEvent>& ready();
+
+ private:
+  std::shared_ptr<const sched::ReadyEvent> previous_;
+  bool was_active_;
+};
+
+}  // namespace dlop::backend

@@ -1,0 +1,63 @@
+// WorkDevice: the c10d::Work of a call on accelerator tensors staged through
+// host memory (device_staging.hpp), with ProcessGroupNCCL's stream semantics:
+//   - wait() returns once the host operations are done and the copies back
+//     are queued, having made the caller's current stream wait for them: the
+//     host does not wait for the device (it waits for the host collective,
+//     which is host work, as Gloo's CUDA path does);
+//   - synchronize() is wait() without a timeout; isCompleted() is true once
+//     the device has finished the copies back;
+//   - getFuture() is a future on the device: its value is ready on the
+//     streams of whoever waits on it (torch records and waits the events);
+//   - the tensors, host stages and pinned leases stay alive until the end
+//     event has passed, whether or not the caller keeps the Work.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "device_staging.hpp"
+
+namespace dlop::backend {
+
+class WorkDevice : public c10d::Work {
+ public:
+  // One host operation and what it copies back to the device when it is done.
+  struct Step {
+    c10::intrusive_ptr<c10d::Work> host;
+    std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (device tensor, host stage)
+  };
+
+  WorkDevice(int rank, c10d::OpType type, const DeviceCall& call, std::vector<at::Tensor> outputs);
+  // Hooks the steps up; call once, right after construction.
+  void start(std::vector<Step> steps);
+
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override;
+
+ private:
+  void step_done(std::size_t index, std::exception_ptr error);
+
+  c10::Device device_;
+  InternalStreams streams_;
+  std::shared_ptr<const StreamEvent> staged_;  // after the last copy out
+  std::shared_ptr<StagedBuffers> buffers_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<Step> steps_;
+
+  std::mutex mutex_;
+  std::condition_variable copied_back_;
+  std::size_t steps_left_ = 0;          // mutex_
+  std::exception_ptr error_;            // mutex_: the first step's error
+  std::shared_ptr<c10::Event> end_;     // mutex_: recorded once every step is done
+};
+
+}  // namespace dlop::backend

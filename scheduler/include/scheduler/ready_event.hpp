@@ -1,0 +1,23 @@
+// The seam between the engine and device streams: an operation on buffers
+// staged from an accelerator may start only once the copy that fills them has
+// finished on the device's stream. The backend (which alone knows torch's
+// streams) hands the engine an event it can poll; the engine starts the
+// operation, in submission order, once the event says the work before it is
+// done. Nothing here knows what a device is.
+#pragma once
+
+#include <string>
+
+namespace dlop::sched {
+
+class ReadyEvent {
+ public:
+  virtual ~ReadyEvent() = default;
+  // Whether the work recorded before the event has finished. Called by the
+  // engine's progress (any thread, under the engine lock): must not block.
+  virtual bool ready() const = 0;
+  // What the operation waits for, for a timeout's message.
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace dlop::sched

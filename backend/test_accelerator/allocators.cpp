@@ -1,0 +1,141 @@
+// Registers the device allocator (c10::SetAllocator) and the pinned host
+// allocator (at::setHostAllocator) of PrivateUse1. Neither caches: memory goes
+// back to the system when its last owner drops it, and a queued copy owns the
+// storages it uses until it has run.
+#include "allocators.hpp"
+
+#include "stream_runtime.hpp"
+
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace dlop::test_accelerator {
+namespace {
+
+// Live allocations of both allocators: base address -> (size, owner).
+// The owner is a dlop_test device, or nullopt for pinned host memory.
+class Blocks {
+ public:
+  void insert(const void* base, size_t size, std::optional<c10::Device> owner) {
+    std::lock_guard lock(mutex_);
+    blocks_[address(base)] = {size, owner};
+  }
+  void erase(const void* base) {
+    std::lock_guard lock(mutex_);
+    blocks_.erase(address(base));
+  }
+  // The block holding ptr: found, and its owner.
+  std::pair<bool, std::optional<c10::Device>> find(const void* ptr) const {
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.upper_bound(address(ptr));
+    if (it == blocks_.begin()) {
+      return {false, std::nullopt};
+    }
+    --it;
+    if (address(ptr) >= it->first + it->second.size) {
+      return {false, std::nullopt};
+    }
+    return {true, it->second.owner};
+  }
+
+ private:
+  static uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+  struct Block {
+    size_t size;
+    std::optional<c10::Device> owner;
+  };
+  mutable std::mutex mutex_;
+  std::map<uintptr_t, Block> blocks_;
+};
+
+Blocks& blocks() {
+  static auto* instance = new Blocks();  // leaked: frees may come during exit
+  return *instance;
+}
+
+void release(void* ptr) {
+  if (ptr != nullptr) {
+    blocks().erase(ptr);
+    c10::free_cpu(ptr);
+  }
+}
+
+void* acquire(size_t bytes, std::optional<c10::Device> owner) {
+  if (bytes == 0) {
+    return nullptr;
+  }
+  void* ptr = c10::alloc_cpu(bytes);
+  blocks().insert(ptr, bytes, owner);
+  return ptr;
+}
+
+// A raw copy between two allocations (Storage clones, resizes): first lets
+// the streams of the devices involved finish, as the host reads or writes.
+void copy_now(void* dst, const void* src, size_t bytes) {
+  for (const void* p : {static_cast<const void*>(dst), src}) {
+    if (auto device = device_of(p)) {
+      synchronize_device(device->index());
+    }
+  }
+  if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+struct DeviceAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t bytes) override {
+    const c10::Device device(c10::DeviceType::PrivateUse1, current_device());
+    void* ptr = acquire(bytes, device);
+    return {ptr, ptr, &release, device};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dst, const void* src, size_t bytes) const override { copy_now(dst, src, bytes); }
+};
+
+struct HostAllocator final : at::HostAllocator {
+  c10::DataPtr allocate(size_t bytes) override {
+    void* ptr = acquire(bytes, std::nullopt);
+    return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dst, const void* src, size_t bytes) const override { copy_now(dst, src, bytes); }
+
+  // Nothing is cached, so nothing to track or empty.
+  bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+
+DeviceAllocator g_device_allocator;
+HostAllocator g_host_allocator;
+
+}  // namespace
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_host_allocator);
+
+c10::Allocator* device_allocator() {
+  return &g_device_allocator;
+}
+
+c10::Allocator* host_allocator() {
+  return &g_host_allocator;
+}
+
+std::optional<c10::Device> device_of(const void* ptr) {
+  return blocks().find(ptr).second;
+}
+
+bool is_pinned(const void* ptr) {
+  const auto [found, owner] = blocks().find(ptr);
+  return found && !owner.has_value();
+}
+
+}  // namespace dlop::test_accelerator

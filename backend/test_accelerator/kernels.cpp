@@ -1,0 +1,194 @@
+// The aten kernels of dlop_test (PrivateUse1). Only what cannot run on the
+// CPU over a copy is written here: tensor creation, views (they must share
+// memory), resizing, copies and record_stream. Every other operator goes to
+// the CPU fallback at the end, which lets the current streams of the devices
+// involved finish, then runs the CPU kernel on CPU views of the arguments and
+// copies new results to the device, all on the calling thread: computation is
+// synchronous, copies and event waits are not.
+#include "allocators.hpp"
+#include "copy.hpp"
+#include "stream_runtime.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <vector>
+
+namespace dlop::test_accelerator {
+namespace {
+
+constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+
+c10::Device target(std::optional<c10::Device> device, std::optional<at::Layout> layout,
+                   std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == at::Layout::Strided, "dlop_test: only strided tensors");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "dlop_test: only CPU tensors can be pinned");
+  return resolve(device.value_or(c10::Device(c10::DeviceType::PrivateUse1)));
+}
+
+at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                 std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                 std::optional<at::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(target(device, layout, pin_memory));
+  return at::detail::empty_generic(size, device_allocator(), kKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  const c10::DeviceGuard guard(target(device, layout, pin_memory));
+  return at::detail::empty_strided_generic(size, stride, device_allocator(), kKeys, c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset) {
+    offset = storage_offset->expect_int();
+  }
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+                                           offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+// Growing may move the data to new memory: first let the queued copies that
+// use the old memory finish.
+const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
+                         std::optional<at::MemoryFormat> memory_format) {
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  if (self.sizes() == sizes && !memory_format) {
+    return self;
+  }
+  const c10::DeviceGuard guard(self.device());
+  synchronize_device(self.device().index());
+  return at::native::resize_(self, sizes, memory_format);
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source) {
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  const c10::DeviceGuard guard(self.device());
+  return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor copy_from_kernel(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  return copy_from(self, dst, non_blocking);
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, /*non_blocking=*/false);
+}
+
+// The CPU fallback's way to the CPU. In the fallback: views of the device
+// memory, so that the CPU kernel reads and writes it in place (which also
+// covers operators that modify an argument their schema does not mark, such
+// as native_batch_norm's running statistics). Elsewhere: copies.
+std::vector<at::Tensor> to_cpu(at::TensorList tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    out.push_back(HostCopyScope::active() ? on_host(t) : t.to(at::kCPU));
+  }
+  return out;
+}
+
+// Queued copies hold the storages they use until they have run, so there is
+// nothing to record (see recordDataPtrOnStream in guard_impl.cpp).
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1 && self.is_privateuseone(),
+              "dlop_test: record_stream needs a dlop_test tensor and stream");
+}
+
+// The devices of an operator's tensor arguments (and of a Device argument).
+std::vector<bool> devices_used(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  std::vector<bool> used(static_cast<size_t>(device_count()), false);
+  auto note = [&](const at::Tensor& t) {
+    if (t.defined() && t.is_privateuseone()) {
+      used[static_cast<size_t>(t.device().index())] = true;
+    }
+  };
+  for (const auto& arg : torch::jit::last(stack, op.schema().arguments().size())) {
+    if (arg.isTensor()) {
+      note(arg.toTensor());
+    } else if (arg.isTensorList()) {
+      for (const at::Tensor& t : arg.toTensorVector()) {
+        note(t);
+      }
+    } else if (arg.isOptionalTensorList()) {
+      for (const auto& t : arg.toOptionalTensorVector()) {
+        if (t) {
+          note(*t);
+        }
+      }
+    } else if (arg.isDevice() && arg.toDevice().is_privateuseone()) {
+      used[static_cast<size_t>(resolve(arg.toDevice()).index())] = true;
+    }
+  }
+  return used;
+}
+
+// Runs an operator on the CPU as if it ran on the current streams of its
+// devices, with no delay: once they have run what is queued on them.
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto used = devices_used(op, *stack);
+  for (size_t index = 0; index < used.size(); ++index) {
+    if (used[index]) {
+      auto& w = worker(current_stream(static_cast<c10::DeviceIndex>(index)));
+      w.wait_passed(w.last_queued());
+    }
+  }
+  const HostCopyScope host_copies;
+  at::native::cpu_fallback(op, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("_copy_from", copy_from_kernel);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("record_stream", record_stream);
+  m.impl("_to_cpu", to_cpu);
+  // Composite in torch, but they pick the convolution backend by device and
+  // would choose the "overrideable" one, which has no CPU kernel: run the
+  // operators themselves on the CPU instead.
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+}  // namespace dlop::test_accelerator

@@ -1,0 +1,338 @@
+#include "stream_runtime.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace dlop::test_accelerator {
+namespace {
+
+// A non-negative number from the environment, or fallback when unset. A bad
+// value is an error naming the variable (the extension's import fails).
+double env_number(const char* name, double fallback, double max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  TORCH_CHECK(end != text && *end == '\0' && value >= 0 && value <= max, name, "=", text,
+              ": expected a number from 0 to ", max);
+  return value;
+}
+
+struct Settings {
+  c10::DeviceIndex device_count;
+  std::atomic<int64_t> delay_us;
+  std::atomic<double> copy_gbps;
+
+  Settings()
+      : device_count(static_cast<c10::DeviceIndex>(env_number("DLOP_TEST_DEVICE_COUNT", 2, 64))),
+        delay_us(static_cast<int64_t>(env_number("DLOP_TEST_DEVICE_DELAY_US", 0, 60e6))),
+        copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 1e6)) {
+    TORCH_CHECK(device_count >= 1, "DLOP_TEST_DEVICE_COUNT=0: at least one device is needed");
+  }
+};
+
+Settings& settings() {
+  static Settings instance;
+  return instance;
+}
+
+thread_local c10::DeviceIndex tls_device = 0;
+// The calling thread's current stream id per device; 0 (default) until set.
+thread_local std::vector<c10::StreamId> tls_streams;
+
+c10::StreamId& current_stream_id(c10::DeviceIndex index) {
+  if (tls_streams.empty()) {
+    tls_streams.assign(static_cast<size_t>(device_count()), 0);
+  }
+  return tls_streams[static_cast<size_t>(index)];
+}
+
+// The streams of all devices. Destroyed at exit: first lets every worker run
+// what is queued (a wait may name another worker's marker), then joins them.
+class Registry {
+ public:
+  Registry() : devices_(static_cast<size_t>(device_count())) {}
+  ~Registry() {
+    for (auto& device : devices_) {
+      for (auto& w : device.workers) {
+        if (w) {
+          try {
+            w->wait_passed(w->last_queued());
+          } catch (...) {
+            // the stream failed earlier and said so to whoever waited on it
+          }
+        }
+      }
+    }
+  }
+
+  StreamWorker& worker(c10::DeviceIndex index, c10::StreamId id) {
+    auto& device = devices_[static_cast<size_t>(index)];
+    std::lock_guard lock(mutex_);
+    TORCH_CHECK(id >= 0 && id < device.next_new_id, "dlop_test:", index, " has no stream with id ", id);
+    if (device.workers.size() <= static_cast<size_t>(id)) {
+      device.workers.resize(static_cast<size_t>(id) + 1);
+    }
+    auto& slot = device.workers[static_cast<size_t>(id)];
+    if (!slot) {
+      slot = std::make_unique<StreamWorker>();
+    }
+    return *slot;
+  }
+
+  c10::StreamId pool_id(c10::DeviceIndex index) {
+    std::lock_guard lock(mutex_);
+    auto& device = devices_[static_cast<size_t>(index)];
+    return 1 + (device.pool_next++ % kPoolSize);
+  }
+
+  c10::StreamId new_id(c10::DeviceIndex index) {
+    std::lock_guard lock(mutex_);
+    return devices_[static_cast<size_t>(index)].next_new_id++;
+  }
+
+  std::vector<StreamWorker*> workers(c10::DeviceIndex index) {
+    std::lock_guard lock(mutex_);
+    std::vector<StreamWorker*> out;
+    for (auto& w : devices_[static_cast<size_t>(index)].workers) {
+      if (w) {
+        out.push_back(w.get());
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Device {
+    std::vector<std::unique_ptr<StreamWorker>> workers;  // by stream id; started on first use
+    c10::StreamId next_new_id = 1 + kPoolSize;
+    c10::StreamId pool_next = 0;
+  };
+  std::mutex mutex_;
+  std::vector<Device> devices_;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, index), id);
+}
+
+}  // namespace
+
+Timing timing() {
+  return {std::chrono::microseconds(settings().delay_us.load()), settings().copy_gbps.load()};
+}
+
+void configure(const Timing& value) {
+  TORCH_CHECK(value.delay.count() >= 0 && value.copy_gbps >= 0, "dlop_test: delay and rate must be >= 0");
+  settings().delay_us = value.delay.count();
+  settings().copy_gbps = value.copy_gbps;
+}
+
+c10::DeviceIndex device_count() noexcept {
+  try {
+    return settings().device_count;
+  } catch (...) {
+    return 0;  // a bad DLOP_TEST_DEVICE_COUNT: the import reported it already
+  }
+}
+
+void check_device(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && index < device_count(), "dlop_test: no device ", static_cast<int>(index),
+              " (there are ", static_cast<int>(device_count()), "; DLOP_TEST_DEVICE_COUNT sets how many)");
+}
+
+c10::DeviceIndex current_device() noexcept {
+  return tls_device;
+}
+
+void set_current_device(c10::DeviceIndex index) {
+  check_device(index);
+  tls_device = index;
+}
+
+c10::Device resolve(c10::Device device) {
+  TORCH_CHECK(device.is_privateuseone(), "dlop_test: expected a dlop_test device, got ", device);
+  const auto index = device.has_index() ? device.index() : current_device();
+  check_device(index);
+  return {c10::DeviceType::PrivateUse1, index};
+}
+
+// --- StreamWorker ---
+
+StreamWorker::StreamWorker() : thread_([this] { run(); }) {}
+
+StreamWorker::~StreamWorker() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_one();
+  thread_.join();
+}
+
+uint64_t StreamWorker::enqueue(std::function<void()> task) {
+  uint64_t position = 0;
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+    position = ++queued_;
+  }
+  work_ready_.notify_one();
+  return position;
+}
+
+bool StreamWorker::passed(uint64_t position) const {
+  std::lock_guard lock(mutex_);
+  if (error_) {
+    std::rethrow_exception(error_);
+  }
+  return done_ >= position;
+}
+
+void StreamWorker::wait_passed(uint64_t position) const {
+  std::unique_lock lock(mutex_);
+  task_done_.wait(lock, [&] { return done_ >= position; });
+  if (error_) {
+    std::rethrow_exception(error_);
+  }
+}
+
+uint64_t StreamWorker::last_queued() const {
+  std::lock_guard lock(mutex_);
+  return queued_;
+}
+
+void StreamWorker::run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return;  // stopping, and everything queued has run
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Tasks are checked when queued; one that throws anyway (out of memory)
+    // leaves the stream's data undefined: the error sticks to the stream and
+    // every later wait on it re-throws it on the waiting thread.
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task = nullptr;  // release what the task held before reporting it done
+    {
+      std::lock_guard lock(mutex_);
+      if (error && !error_) {
+        error_ = error;
+      }
+      ++done_;
+    }
+    task_done_.notify_all();
+  }
+}
+
+// --- streams ---
+
+StreamWorker& worker(const c10::Stream& stream) {
+  const auto device = resolve(stream.device());
+  return registry().worker(device.index(), stream.id());
+}
+
+c10::Stream default_stream(c10::DeviceIndex index) {
+  check_device(index);
+  return make_stream(index, 0);
+}
+
+c10::Stream pool_stream(c10::DeviceIndex index) {
+  check_device(index);
+  return make_stream(index, registry().pool_id(index));
+}
+
+c10::Stream new_stream(c10::DeviceIndex index) {
+  check_device(index);
+  return make_stream(index, registry().new_id(index));
+}
+
+c10::Stream current_stream(c10::DeviceIndex index) {
+  check_device(index);
+  return make_stream(index, current_stream_id(index));
+}
+
+c10::Stream exchange_stream(const c10::Stream& stream) {
+  const auto index = resolve(stream.device()).index();
+  worker(stream);  // checks that the stream exists
+  auto& id = current_stream_id(index);
+  const auto previous = make_stream(index, id);
+  id = stream.id();
+  return previous;
+}
+
+void synchronize_device(c10::DeviceIndex index) {
+  check_device(index);
+  for (auto* w : registry().workers(index)) {
+    w->wait_passed(w->last_queued());
+  }
+}
+
+// --- Event ---
+
+void Event::record(const c10::Stream& stream) {
+  auto& w = worker(stream);
+  auto passed_at = std::make_shared<std::chrono::steady_clock::time_point>();
+  const auto position = w.enqueue([passed_at] { *passed_at = std::chrono::steady_clock::now(); });
+  std::lock_guard lock(mutex_);
+  marker_ = {&w, position, std::move(passed_at)};
+}
+
+Event::Marker Event::last() const {
+  std::lock_guard lock(mutex_);
+  return marker_;
+}
+
+void Event::block(const c10::Stream& stream) const {
+  const auto marker = last();
+  auto& w = worker(stream);
+  if (marker.worker == nullptr || marker.worker == &w) {
+    return;  // never recorded, or recorded on this very stream: already in order
+  }
+  w.enqueue([marker] { marker.worker->wait_passed(marker.position); });
+}
+
+bool Event::query() const {
+  const auto marker = last();
+  return marker.worker == nullptr || marker.worker->passed(marker.position);
+}
+
+void Event::synchronize() const {
+  const auto marker = last();
+  if (marker.worker != nullptr) {
+    marker.worker->wait_passed(marker.position);
+  }
+}
+
+double Event::elapsed_ms(const Event& start, const Event& end) {
+  const auto a = start.last();
+  const auto b = end.last();
+  TORCH_CHECK(a.worker != nullptr && b.worker != nullptr, "dlop_test: elapsed_time needs two recorded events");
+  TORCH_CHECK(a.worker->passed(a.position) && b.worker->passed(b.position),
+              "dlop_test: elapsed_time needs both events to have completed (synchronize them first)");
+  return std::chrono::duration<double, std::milli>(*b.passed_at - *a.passed_at).count();
+}
+
+}  // namespace dlop::test_accelerator

@@ -1,0 +1,124 @@
+// The runtime of the test accelerator dlop_test: devices, streams and events.
+//
+// Each stream is a worker thread that runs the operations queued on it one
+// after another, in the order they were queued. A stream is named by a
+// c10::StreamId on its device: 0 is the default stream, 1..kPoolSize are the
+// pool's streams, later ids are streams made by getNewStream. Workers start on
+// first use and live until the process exits (the registry joins them then).
+//
+// An event is a marker queued on a stream: it is passed when the stream has
+// run everything queued before it. Waiting on an event from a stream queues a
+// task that blocks that stream's worker (never the host) until the marker is
+// passed. Waits only name markers that are already queued, so no cycle can form.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace dlop::test_accelerator {
+
+// How late and how slow queued copies are (see docs/test_accelerator.md).
+// Initialised from DLOP_TEST_DEVICE_DELAY_US and DLOP_TEST_DEVICE_COPY_GBPS on
+// first use; configure() changes them for the operations queued afterwards.
+struct Timing {
+  std::chrono::microseconds delay{0};  // every copy takes at least this long
+  double copy_gbps = 0;                // > 0: a copy of n bytes takes at least n / rate
+};
+Timing timing();
+void configure(const Timing& timing);
+
+// DLOP_TEST_DEVICE_COUNT (default 2), read once.
+c10::DeviceIndex device_count() noexcept;
+// Throws unless 0 <= index < device_count().
+void check_device(c10::DeviceIndex index);
+
+// The calling thread's current device (0 until set).
+c10::DeviceIndex current_device() noexcept;
+void set_current_device(c10::DeviceIndex index);
+// A device with index -1 means the current device.
+c10::Device resolve(c10::Device device);
+
+// A stream's worker: a thread running queued tasks in order.
+class StreamWorker {
+ public:
+  StreamWorker();
+  ~StreamWorker();
+  StreamWorker(const StreamWorker&) = delete;
+  StreamWorker& operator=(const StreamWorker&) = delete;
+
+  // Queues task; returns its position (1 for the first task ever queued).
+  uint64_t enqueue(std::function<void()> task);
+  // Whether the worker has run every task up to position `position`. Both
+  // re-throw the first error a task of this stream threw.
+  bool passed(uint64_t position) const;
+  // Blocks the calling thread until passed(position).
+  void wait_passed(uint64_t position) const;
+  // The position of the last task queued (0: none yet).
+  uint64_t last_queued() const;
+
+ private:
+  void run();
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_;
+  mutable std::condition_variable task_done_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0;
+  uint64_t done_ = 0;
+  std::exception_ptr error_;  // the first task that threw; sticks
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+// Streams of every device.
+constexpr c10::StreamId kPoolSize = 4;
+StreamWorker& worker(const c10::Stream& stream);
+c10::Stream default_stream(c10::DeviceIndex index);
+c10::Stream pool_stream(c10::DeviceIndex index);  // round robin over the pool
+c10::Stream new_stream(c10::DeviceIndex index);   // a stream of its own
+// The calling thread's current stream of a device (its default stream until
+// exchanged); exchange_stream returns the previous one.
+c10::Stream current_stream(c10::DeviceIndex index);
+c10::Stream exchange_stream(const c10::Stream& stream);
+// Blocks the host until everything queued on the streams of a device so far
+// has run.
+void synchronize_device(c10::DeviceIndex index);
+
+// An event: the last marker recorded, if any. Owned through the void* that
+// c10::Event holds (create on first record, destroy_event).
+class Event {
+ public:
+  // Queues a marker on stream; the event then stands for that marker.
+  void record(const c10::Stream& stream);
+  // Queues on stream a wait for the marker recorded last (none: nothing).
+  void block(const c10::Stream& stream) const;
+  // True once the marker recorded last has been passed, or if none was.
+  bool query() const;
+  // Blocks the host until query() is true.
+  void synchronize() const;
+  // Milliseconds between the passing of two events' markers; both must have passed.
+  static double elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  struct Marker {
+    StreamWorker* worker = nullptr;
+    uint64_t position = 0;
+    std::shared_ptr<std::chrono::steady_clock::time_point> passed_at;
+  };
+  Marker last() const;
+
+  mutable std::mutex mutex_;
+  Marker marker_;
+};
+
+}  // namespace dlop::test_accelerator

@@ -131,7 +131,7 @@ test-tsan: deps
 test-tsan-engine: deps
 	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF)
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests
-	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath)\.|/(InlinePathRanks|ShmEngineKill)\.'
+	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath|ReadyEvent)\.|/(InlinePathRanks|ShmEngineKill)\.'
 
 sanitize: test-asan test-tsan
 

@@ -444,7 +444,7 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
 void Engine::start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& finished) {
   while (!gated_.empty()) {
     auto& op = gated_.front();
-    if (op->ready->ready()) {
+    if (!op->ready || op->ready->ready()) {
       start(op);
       add_running(std::move(op));
     } else if (coarse_now() >= op->deadline) {

@@ -1,0 +1,68 @@
+// Operations gated by a ReadyEvent (buffers a device stream is still
+// filling): they start only once the event is ready, in submission order,
+// and fail by their timeout when it never is.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "common/multiprocess.hpp"
+#include "core/error.hpp"
+#include "scheduler/communicator.hpp"
+
+namespace dlop::sched {
+namespace {
+
+using namespace std::chrono_literals;
+using coll::DataType;
+using coll::ReduceOp;
+
+// Ready once set, as a device event is once its stream passed it.
+class Flag final : public ReadyEvent {
+ public:
+  bool ready() const override { return set_.load(); }
+  std::string describe() const override { return "the test's flag"; }
+  void set() { set_.store(true); }
+
+ private:
+  std::atomic<bool> set_{false};
+};
+
+TEST(ReadyEvent, GatedOpReadsItsBufferOnlyOnceReadyAndLaterOpsWaitBehindIt) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    auto flag = std::make_shared<Flag>();
+    std::int64_t gated = -1;  // "not copied in yet": what a missing wait would sum
+    std::int64_t behind = comm->rank() + 1;
+    Handle first = comm->allreduce(&gated, &gated, 1, DataType::kInt64, ReduceOp::kSum, {.ready = flag});
+    Handle second = comm->allreduce(&behind, &behind, 1, DataType::kInt64, ReduceOp::kSum);
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(first.test());
+    EXPECT_FALSE(second.test()) << "an op submitted after a gated one started before it";
+    gated = 10 * (comm->rank() + 1);  // the "copy" lands, then the event fires
+    flag->set();
+    first.wait();
+    second.wait();
+    EXPECT_EQ(gated, 30);
+    EXPECT_EQ(behind, 3);
+  });
+}
+
+TEST(ReadyEvent, EventThatNeverFiresTimesOutNamingWhatItWaitsFor) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    auto flag = std::make_shared<Flag>();
+    double x = 1;
+    Handle stuck = comm->allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum, {.timeout = 300ms, .ready = flag});
+    try {
+      stuck.wait();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kTimeout) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the test's flag"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace dlop::sched

@@ -1,9 +1,11 @@
 // dlop.testing._accelerator: loading it registers the dlop_test device (the
 // other files register themselves when the library loads); these functions
 // are what dlop/testing/accelerator.py needs beyond torch.Stream and torch.Event.
+#include "allocators.hpp"
 #include "stream_runtime.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -56,4 +58,11 @@ PYBIND11_MODULE(_accelerator, m) {
       py::arg("delay_us") = py::none(), py::arg("copy_gbps") = py::none(),
       "Sets the delay (microseconds) and the copy rate (GB/s, 0: unlimited) of the copies queued from now on; "
       "returns the previous (delay_us, copy_gbps).");
+  // For the tests: what C++ code gets from torch's host allocator API.
+  m.def("_host_allocator_check", [] {
+    auto* allocator = at::getHostAllocator(c10::DeviceType::PrivateUse1);
+    const auto data = allocator->allocate(64);
+    return allocator == ta::host_allocator() &&
+           at::globalContext().isPinnedPtr(data.get(), c10::DeviceType::PrivateUse1);
+  });
 }

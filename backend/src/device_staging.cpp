@@ -8,8 +8,11 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "backend/torch_error.hpp"
 #include "backend/work_dlop.hpp"
@@ -55,6 +58,58 @@ class PinnedPool {
   c10::DeviceType type_;
   std::mutex mutex_;
   std::map<std::size_t, std::vector<at::Tensor>> free_;
+};
+
+// Holds what staged calls still use until their end events pass, polling
+// them (a device's blocking event wait may spin a core): the caller need not
+// keep its Work, and a pinned buffer goes back to its pool only once no copy
+// can touch it.
+class Retirer {
+ public:
+  static Retirer& instance() {
+    static auto* retirer = new Retirer();  // never destroyed: leases may be dropped at exit
+    return *retirer;
+  }
+  void retire(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers) {
+    {
+      std::lock_guard lock(mutex_);
+      pending_.push_back({std::move(done), std::move(buffers)});
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  struct Pending {
+    std::function<bool()> done;
+    std::shared_ptr<StagedBuffers> buffers;
+  };
+  Retirer() {
+    std::thread([this] { run(); }).detach();  // lives as long as the process, like the pools it feeds
+  }
+  void run() {
+    pthread_setname_np(pthread_self(), "dlop-retire");
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return !pending_.empty(); });
+      // Calls end in the order their copies were queued on one stream: the
+      // first one not done holds the rest.
+      while (!pending_.empty() && pending_.front().done()) {
+        auto done = std::move(pending_.front());
+        pending_.pop_front();
+        lock.unlock();
+        done = {};
+        lock.lock();
+      }
+      if (!pending_.empty()) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+        lock.lock();
+      }
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
 };
 
 thread_local std::shared_ptr<const sched::ReadyEvent> t_scope_ready;
@@ -117,6 +172,19 @@ StreamEvent::StreamEvent(c10::Device device, const c10::Stream& stream)
 }
 
 std::string StreamEvent::describe() const { return what_; }
+
+void retire_when_done(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers) {
+  Retirer::instance().retire(std::move(done), std::move(buffers));
+}
+
+DeviceCall::~DeviceCall() {
+  // A call refused after its copies out were queued (a bad argument found by
+  // the host implementation): its buffers wait for those copies.
+  if (!handed_off_ && !buffers_->tensors.empty()) {
+    auto staged_now = staged();
+    retire_when_done([staged_now] { return staged_now->ready(); }, buffers_);
+  }
+}
 
 DeviceCall::DeviceCall(c10::Device device) : device_(device), streams_(internal_streams(device)) {
   if (device_.index() < 0) {

@@ -22,6 +22,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -72,10 +73,20 @@ struct StagedBuffers {
   std::vector<at::Tensor> tensors;
 };
 
+// Keeps `buffers` (and so their pinned leases) until `done` says the device
+// has finished with them; polled by a thread of its own, never blocking on a
+// device (a device's blocking event wait may spin a core).
+void retire_when_done(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers);
+
 // One call's staging: the copies out, and the event the host operation waits for.
 class DeviceCall {
  public:
   explicit DeviceCall(c10::Device device);
+  ~DeviceCall();
+  DeviceCall(const DeviceCall&) = delete;
+  DeviceCall& operator=(const DeviceCall&) = delete;
+  // The Work that now keeps the buffers until its end event.
+  void hand_off() { handed_off_ = true; }
   c10::Device device() const { return device_; }
   const InternalStreams& streams() const { return streams_; }
   // A pinned, contiguous host copy of t (copy enqueued on the copy-out stream).
@@ -93,6 +104,7 @@ class DeviceCall {
   c10::Device device_;
   InternalStreams streams_;
   std::shared_ptr<StagedBuffers> buffers_ = std::make_shared<StagedBuffers>();
+  bool handed_off_ = false;
 };
 
 // While one exists on a thread, the host operations it submits wait for

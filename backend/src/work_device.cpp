@@ -4,70 +4,12 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <deque>
-#include <thread>
-
 #include "backend/work_dlop.hpp"
 #include "core/error.hpp"
 
 namespace dlop::backend {
-namespace {
 
-// Holds what staged calls still use until their end events pass, polling
-// them (a device's blocking event wait may spin a core): the caller need not
-// keep its Work, and a pinned buffer goes back to its pool only once no copy
-// can touch it.
-class Retirer {
- public:
-  static Retirer& instance() {
-    static auto* retirer = new Retirer();  // never destroyed: leases may be dropped at exit
-    return *retirer;
-  }
-  void retire(std::shared_ptr<c10::Event> end, std::shared_ptr<StagedBuffers> buffers) {
-    {
-      std::lock_guard lock(mutex_);
-      pending_.push_back({std::move(end), std::move(buffers)});
-    }
-    wake_.notify_one();
-  }
-
- private:
-  struct Pending {
-    std::shared_ptr<c10::Event> end;
-    std::shared_ptr<StagedBuffers> buffers;
-  };
-  Retirer() {
-    std::thread([this] { run(); }).detach();  // lives as long as the process, like the pools it feeds
-  }
-  void run() {
-    pthread_setname_np(pthread_self(), "dlop-retire");
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return !pending_.empty(); });
-      // Calls end in the order their copies were queued on one stream: the
-      // first one not done holds the rest.
-      while (!pending_.empty() && pending_.front().end->query()) {
-        auto done = std::move(pending_.front());
-        pending_.pop_front();
-        lock.unlock();
-        done = {};
-        lock.lock();
-      }
-      if (!pending_.empty()) {
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-        lock.lock();
-      }
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Pending> pending_;
-};
-
-}  // namespace
-
-WorkDevice::WorkDevice(int rank, c10d::OpType type, const DeviceCall& call, std::vector<at::Tensor> outputs)
+WorkDevice::WorkDevice(int rank, c10d::OpType type, DeviceCall& call, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type),
       device_(call.device()),
       streams_(call.streams()),
@@ -77,6 +19,7 @@ WorkDevice::WorkDevice(int rank, c10d::OpType type, const DeviceCall& call, std:
   // Covers every copy out: the end event, recorded after it, then means
   // that the device is done with the call's tensors, inputs included.
   staged_ = call.staged();
+  call.hand_off();
 }
 
 void WorkDevice::start(std::vector<Step> steps) {
@@ -115,7 +58,7 @@ void WorkDevice::step_done(std::size_t index, std::exception_ptr error) {
   const auto failure = error_;
   lock.unlock();
   copied_back_.notify_all();
-  Retirer::instance().retire(std::move(end), buffers_);
+  retire_when_done([end] { return end->query(); }, buffers_);
   // The future's events are recorded on the current stream: the copy-in stream.
   if (failure) {
     future_->setError(failure);

@@ -31,7 +31,8 @@ class WorkDevice : public c10d::Work {
     std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (device tensor, host stage)
   };
 
-  WorkDevice(int rank, c10d::OpType type, const DeviceCall& call, std::vector<at::Tensor> outputs);
+  // Takes over the call's buffers.
+  WorkDevice(int rank, c10d::OpType type, DeviceCall& call, std::vector<at::Tensor> outputs);
   // Hooks the steps up; call once, right after construction.
   void start(std::vector<Step> steps);
 

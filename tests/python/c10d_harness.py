@@ -70,6 +70,8 @@ class Setup:
     gloo: bool = True  # also make the Gloo reference group
     import_dlop: bool = True  # False: only backend="dlop" names it (entry points)
     env: dict[str, str] = field(default_factory=dict)
+    # Modules each rank imports before init_process_group (e.g. a device's).
+    imports: tuple[str, ...] = ()
     # Per rank, on top of env: e.g. {r: {"DLOP_HOST_ID": f"host{r}"}} (ranks as separate hosts).
     rank_env: dict[int, dict[str, str]] = field(default_factory=dict)
     # "destroy" (destroy_process_group, then exit), "exit" (interpreter exit
@@ -128,6 +130,8 @@ def _init_rank(rank: int, world_size: int, setup: Setup, workdir: Path, port: in
     if setup.import_dlop:
         import dlop  # noqa: F401  (registers "dlop"; without it torch's entry points must)
 
+    for module in setup.imports:
+        __import__(module)
     torch.set_num_threads(1)
     kwargs: dict[str, Any] = {"backend": setup.backend}
     if setup.pg_timeout_s is not None:

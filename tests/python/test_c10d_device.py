@@ -1,0 +1,293 @@
+"""Accelerator tensors through backend "dlop", on the test accelerator dlop_test.
+
+Every copy on dlop_test is late on purpose (DLOP_TEST_DEVICE_DELAY_US), and
+each rank fills its inputs with a late copy on its current stream, so an op
+that does not wait for the caller's stream reads stale inputs, and a caller
+that reads results without the Work's stream wait reads stale outputs: both
+are wrong results, never luck. Expected values are computed here from every
+rank's inputs (each rank can make them all), not by another backend.
+
+Ranks: 2, one device each; 3, where ranks 0 and 2 share device 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+from c10d_harness import Cluster, Setup, attempt, check, run_ranks
+
+DELAY_US = 2000
+DEVICE_SETUP = Setup(gloo=False, imports=("dlop.testing.accelerator",),
+                     env={"DLOP_TEST_DEVICE_DELAY_US": str(DELAY_US)})
+DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
+LARGE = 64 << 20  # bytes
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks-shared-device"])
+def cluster(request):
+    c = Cluster(request.param, DEVICE_SETUP)
+    yield c
+    c.close()
+
+
+# ---------------------------------------------------------------------------
+# Rank side.
+
+
+def _device(ctx):
+    import torch
+
+    return torch.device("dlop_test", ctx.rank % 2)
+
+
+@functools.lru_cache(maxsize=64)
+def _value(rank: int, n: int, dtype, salt: int = 0):
+    """Small integers (exact in every dtype, and in sums of a few of them). Read only: cached."""
+    import torch
+
+    v = (torch.arange(n, dtype=torch.int32) * 7 + rank * 13 + salt * 5) % 17 - 8
+    return v.to(dtype)
+
+
+def _late_on_device(ctx, cpu):
+    """cpu's values on the rank's device, through a late non-blocking copy on the current stream."""
+    import torch
+
+    t = torch.empty(cpu.shape, dtype=cpu.dtype, device=_device(ctx))
+    t.copy_(cpu.pin_memory(), non_blocking=True)
+    return t
+
+
+def _sum(parts, dtype):
+    import torch
+
+    total = parts[0].to(torch.int32)
+    for p in parts[1:]:
+        total = total + p.to(torch.int32)
+    return total.to(dtype)
+
+
+def _compare(problems, what, got, expected):
+    import torch
+
+    got = got.cpu()  # on the current stream: after the Work's end event only if wait() made it wait
+    if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(got, expected):
+        bad = "shape/dtype" if got.shape != expected.shape or got.dtype != expected.dtype else \
+            f"{int((got != expected).sum())} of {expected.numel()} elements differ"
+        problems.append(f"{what}: {bad}")
+
+
+def rank_every_op(ctx, dtype_name: str, n: int) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    dtype = getattr(torch, dtype_name)
+    size, rank = ctx.world_size, ctx.rank
+    problems: list[str] = []
+    val = lambda r, m=n, salt=0: _value(r, m, dtype, salt)  # noqa: E731
+    dev = lambda cpu: _late_on_device(ctx, cpu)  # noqa: E731
+    tag = f"{dtype_name} n={n}"
+
+    t = dev(val(rank))
+    dist.all_reduce(t, async_op=True).wait()
+    _compare(problems, f"all_reduce sum {tag}", t, _sum([val(r) for r in range(size)], dtype))
+
+    t = dev(val(rank))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    _compare(problems, f"all_reduce max {tag}", t, torch.stack([val(r) for r in range(size)]).max(0).values)
+
+    t = dev(val(rank))
+    dist.broadcast(t, src=size - 1, async_op=True).wait()
+    _compare(problems, f"broadcast {tag}", t, val(size - 1))
+
+    t = dev(val(rank))
+    dist.reduce(t, dst=0)
+    if rank == 0:
+        _compare(problems, f"reduce {tag}", t, _sum([val(r) for r in range(size)], dtype))
+
+    outs = [dev(torch.zeros(n, dtype=dtype)) for _ in range(size)]
+    dist.all_gather(outs, dev(val(rank)), async_op=True).wait()
+    for r in range(size):
+        _compare(problems, f"all_gather[{r}] {tag}", outs[r], val(r))
+
+    out = dev(torch.zeros(n * size, dtype=dtype))
+    dist.all_gather_into_tensor(out, dev(val(rank)))
+    _compare(problems, f"all_gather_into_tensor {tag}", out, torch.cat([val(r) for r in range(size)]))
+
+    out = dev(torch.zeros(n, dtype=dtype))
+    dist.reduce_scatter(out, [dev(val(rank, n, j)) for j in range(size)], async_op=True).wait()
+    _compare(problems, f"reduce_scatter {tag}", out, _sum([val(r, n, rank) for r in range(size)], dtype))
+
+    out = dev(torch.zeros(n, dtype=dtype))
+    dist.reduce_scatter_tensor(out, dev(torch.cat([val(rank, n, j) for j in range(size)])))
+    _compare(problems, f"reduce_scatter_tensor {tag}", out, _sum([val(r, n, rank) for r in range(size)], dtype))
+
+    out = dev(torch.zeros(n * size, dtype=dtype))
+    dist.all_to_all_single(out, dev(torch.cat([val(rank, n, j) for j in range(size)])))
+    _compare(problems, f"all_to_all_single {tag}", out, torch.cat([val(r, n, rank) for r in range(size)]))
+
+    outs = [dev(torch.zeros(n, dtype=dtype)) for _ in range(size)]
+    dist.all_to_all(outs, [dev(val(rank, n, j)) for j in range(size)])
+    for r in range(size):
+        _compare(problems, f"all_to_all[{r}] {tag}", outs[r], val(r, n, rank))
+
+    outs = [dev(torch.zeros(n, dtype=dtype)) for _ in range(size)] if rank == 0 else None
+    dist.gather(dev(val(rank)), outs, dst=0)
+    if rank == 0:
+        for r in range(size):
+            _compare(problems, f"gather[{r}] {tag}", outs[r], val(r))
+
+    out = dev(torch.zeros(n, dtype=dtype))
+    dist.scatter(out, [dev(val(0, n, j)) for j in range(size)] if rank == 0 else None, src=0)
+    _compare(problems, f"scatter {tag}", out, val(0, n, rank))
+
+    out = dev(torch.zeros(n, dtype=dtype))
+    sent = dist.isend(dev(val(rank)), (rank + 1) % size)
+    dist.recv(out, (rank - 1) % size)
+    sent.wait()
+    _compare(problems, f"send/recv {tag}", out, val((rank - 1) % size))
+
+    pair = [dev(val(rank)), dev(val(rank, n + 1, 1))]
+    dist.all_reduce_coalesced(pair)
+    _compare(problems, f"all_reduce_coalesced[0] {tag}", pair[0], _sum([val(r) for r in range(size)], dtype))
+    _compare(problems, f"all_reduce_coalesced[1] {tag}", pair[1],
+             _sum([val(r, n + 1, 1) for r in range(size)], dtype))
+
+    outs = [dev(torch.zeros(n * size, dtype=dtype)), dev(torch.zeros(2 * size, dtype=dtype))]
+    with dist._coalescing_manager(async_ops=True) as coalesced:
+        dist.all_gather_into_tensor(outs[0], dev(val(rank)))
+        dist.all_gather_into_tensor(outs[1], dev(val(rank, 2, 3)))
+    coalesced.wait()
+    _compare(problems, f"all_gather_into_tensor coalesced[0] {tag}", outs[0], torch.cat([val(r) for r in range(size)]))
+    _compare(problems, f"all_gather_into_tensor coalesced[1] {tag}", outs[1],
+             torch.cat([val(r, 2, 3) for r in range(size)]))
+    return problems
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", ["0", "1", "odd", "64MiB"])
+def test_every_op_matches_the_reference(cluster, dtype, size):
+    import torch
+
+    if size == "64MiB" and cluster.world_size == 3 and dtype != "float32":
+        pytest.skip("64 MiB: every dtype on 2 ranks, float32 on 3")
+    element = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    n = {"0": 0, "1": 1, "odd": 1001, "64MiB": LARGE // element // cluster.world_size}[size]
+    check(cluster, rank_every_op, dtype, n)
+
+
+def rank_input_ordering(ctx) -> list[str]:
+    """The op must start after the copy the caller queued before it (not yet done when the call is made)."""
+    import torch
+    import torch.distributed as dist
+
+    n, size = 1 << 16, ctx.world_size
+    t = torch.zeros(n, device=_device(ctx))
+    torch.dlop_test.synchronize(_device(ctx))
+    t.copy_(torch.full((n,), float(ctx.rank + 1)).pin_memory(), non_blocking=True)  # late
+    dist.all_reduce(t)
+    problems: list[str] = []
+    _compare(problems, "all_reduce of inputs still being copied", t, torch.full((n,), float(size * (size + 1) // 2)))
+    return problems
+
+
+def rank_output_ordering(ctx, how: str) -> list[str]:
+    """What the caller's stream does after wait()/the future must see the results (copied back late)."""
+    import torch
+    import torch.distributed as dist
+
+    n, size = 1 << 16, ctx.world_size
+    t = _late_on_device(ctx, torch.full((n,), float(ctx.rank + 1)))
+    work = dist.all_reduce(t, async_op=True)
+    if how == "wait":
+        work.wait()
+    else:
+        work.get_future().wait()
+    doubled = t * 2  # computed on the host once the current stream is idle
+    problems: list[str] = []
+    total = float(size * (size + 1) // 2)
+    _compare(problems, f"result after {how}()", t, torch.full((n,), total))
+    _compare(problems, f"computation after {how}()", doubled, torch.full((n,), 2 * total))
+    return problems
+
+
+def test_op_waits_for_the_callers_stream(cluster):
+    check(cluster, rank_input_ordering)
+
+
+@pytest.mark.parametrize("how", ["wait", "future"])
+def test_callers_stream_waits_for_the_op(cluster, how):
+    check(cluster, rank_output_ordering, how)
+
+
+def rank_wait_does_not_block_host(ctx) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import dlop.testing.accelerator as acc
+
+    device = _device(ctx)
+    t = torch.ones(1024, device=device)
+    torch.dlop_test.synchronize(device)
+    dist.barrier()
+    previous = acc.configure(delay_us=300_000)
+    try:
+        start = time.monotonic()
+        work = dist.all_reduce(t, async_op=True)
+        called = time.monotonic() - start
+        work.wait()
+        waited = time.monotonic() - start
+        pending = not torch.dlop_test.current_stream(device).query()
+        completed_then = work.is_completed()
+        torch.dlop_test.synchronize(device)
+        synced = time.monotonic() - start
+        return {"called": called, "waited": waited, "pending": pending, "completed_then": completed_then,
+                "completed": work.is_completed(), "synced": synced,
+                "ok": bool(torch.equal(t.cpu(), torch.full((1024,), float(ctx.world_size))))}
+    finally:
+        acc.configure(*previous)
+
+
+def test_work_wait_does_not_block_the_host_on_the_device(cluster):
+    """wait() waits for the host collective (after the 300 ms copy out), not for the 300 ms copy back."""
+    for rank, r in enumerate(cluster.run(rank_wait_does_not_block_host)):
+        assert r["called"] < 0.1, f"rank {rank}: the async call blocked for {r['called']:.3f} s"
+        assert r["pending"], f"rank {rank}: the current stream had nothing left to wait for after wait(): {r}"
+        assert not r["completed_then"], f"rank {rank}: is_completed() before the copy back finished: {r}"
+        assert r["synced"] - r["waited"] > 0.2, f"rank {rank}: wait() returned only once the device was done: {r}"
+        assert r["completed"] and r["ok"], f"rank {rank}: {r}"
+
+
+def rank_mixed_devices(ctx) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    problems = []
+    cases = {
+        "cpu": (torch.zeros(4), "cpu"),
+        "other device": (torch.zeros(4, device=torch.device("dlop_test", 1 - ctx.rank % 2)),
+                         f"dlop_test:{1 - ctx.rank % 2}"),
+    }
+    for name, (other, other_name) in cases.items():
+        outs = [torch.zeros(4, device=_device(ctx)) for _ in range(ctx.world_size - 1)] + [other]
+        _, error = attempt(lambda: dist.all_gather(outs, torch.ones(4, device=_device(ctx))))
+        text = str(error)
+        if error is None or str(_device(ctx)) not in text or other_name not in text:
+            problems.append(f"mixed devices ({name}): {error!r}")
+    _, error = attempt(lambda: dist.all_reduce(torch.ones(4, device=_device(ctx), dtype=torch.uint16)))
+    if error is None or "UInt16" not in str(error):
+        problems.append(f"all_reduce of uint16: {error!r}")
+    _, error = attempt(lambda: dist.all_reduce(torch.ones(4, device=_device(ctx), dtype=torch.complex64),
+                                               op=dist.ReduceOp.MAX))
+    if error is None or "complex" not in str(error):
+        problems.append(f"MAX of complex: {error!r}")
+    t = _late_on_device(ctx, torch.ones(8))  # every rank refused the same calls: still in step
+    dist.all_reduce(t)
+    _compare(problems, "all_reduce after the refused calls", t, torch.full((8,), float(ctx.world_size)))
+    return problems
+
+
+def test_bad_calls_fail_on_every_rank_and_the_group_goes_on(cluster):
+    check(cluster, rank_mixed_devices)

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <stdexcept>
 #include <tuple>
 
 namespace py = pybind11;
@@ -27,7 +28,11 @@ std::tuple<int64_t, int64_t, int64_t> stream_args(const c10::Stream& s) {
 PYBIND11_MODULE(_accelerator, m) {
   m.doc() = "The test accelerator dlop_test (PrivateUse1); use it through dlop.testing.accelerator";
   // A bad DLOP_TEST_* value fails the import, naming the variable.
-  (void)ta::timing();
+  try {
+    (void)ta::timing();
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
   at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
 
   m.def("device_count", [] { return static_cast<int>(ta::device_count()); });

@@ -21,7 +21,7 @@ double env_number(const char* name, double fallback, double max) {
   char* end = nullptr;
   const double value = std::strtod(text, &end);
   TORCH_CHECK(end != text && *end == '\0' && value >= 0 && value <= max, name, "=", text,
-              ": expected a number from 0 to ", max);
+              ": expected a number from 0 to ", static_cast<int64_t>(max));
   return value;
 }
 

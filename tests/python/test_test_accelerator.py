@@ -270,9 +270,10 @@ def test_training_matches_cpu():
 
 
 def test_ddp_runs_its_device_paths_on_dlop_test():
-    """DDP's construction, input copy on a side stream (record_stream,
-    wait_stream) and reducer run on dlop_test; a local comm hook stands in for
-    the all-reduce, which a real backend provides."""
+    """DDP's construction, its copy of inputs from another device on a side
+    stream (then wait_stream and record_stream: the late copy must have landed
+    before the forward reads it) and its reducer run on dlop_test; a local comm
+    hook stands in for the all-reduce, which a real backend provides."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -290,7 +291,10 @@ def test_ddp_runs_its_device_paths_on_dlop_test():
 
         ddp.register_comm_hook(None, local_hook)
         x = torch.randn(3, 4)
-        ddp(x).sum().backward()  # CPU input: DDP copies it to dlop_test:1 itself
+        x_dev = x.to("dlop_test:0")
+        acc.synchronize(1)  # nothing queued on device 1 that would delay the forward by luck
+        with acc.timing(delay_us=DELAY_US):
+            ddp(x_dev).sum().backward()
         reference(x).sum().backward()
         for p, q in zip(ddp.parameters(), reference.parameters()):
             assert p.grad.device == torch.device("dlop_test:1")

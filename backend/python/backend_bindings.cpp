@@ -66,6 +66,10 @@ void bind_backend(py::module_& m) {
           },
           py::arg("backend"), py::arg("name"), py::arg("device_types"), py::arg("stage_others"),
           "Delegates calls on tensors of these device types to `backend` (see DLOP_DEVICE_BACKEND)")
+      .def_property_readonly(
+          "gradients_in_flight",
+          [](backend::ProcessGroupDlop& pg) { return pg.communicator().data_credits()->gradients_in_flight(); },
+          "collectives (dlop's own and delegated ones) the engine's data credits count as in flight")
       .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); });
   // Known to pybind11 so that a returned Work is found by its own type at
   // once: an unknown subclass of c10d::Work costs every call two failed type

@@ -291,3 +291,88 @@ def rank_mixed_devices(ctx) -> list[str]:
 
 def test_bad_calls_fail_on_every_rank_and_the_group_goes_on(cluster):
     check(cluster, rank_mixed_devices)
+
+
+# ---------------------------------------------------------------------------
+# DDP on dlop_test against Gloo on the CPU.
+
+
+def rank_ddp_matches_gloo(ctx, shared_device: bool) -> float:
+    """Largest difference between DDP on dlop_test (backend dlop) and DDP on the CPU (Gloo) after 6 steps."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("dlop_test", 0 if shared_device else ctx.rank % 2)
+    torch.dlop_test.set_device(device.index)
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(  # noqa: E731
+        torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    model, reference = make(), make()
+    reference.load_state_dict(model.state_dict())
+    if ctx.rank == 1:  # DDP's first broadcast must make the replicas equal
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    # Small buckets: several all-reduces per step, in flight while backward goes on.
+    ddp = torch.nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index], bucket_cap_mb=0.004)
+    ddp_ref = torch.nn.parallel.DistributedDataParallel(reference, process_group=ctx.gloo, bucket_cap_mb=0.004)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(ddp_ref.parameters(), lr=0.05, momentum=0.9)
+    for step in range(6):
+        g = torch.Generator().manual_seed(100 * step + ctx.rank)
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+        for net, o, dev in ((ddp, opt, device), (ddp_ref, opt_ref, torch.device("cpu"))):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(net(x.to(dev)), y.to(dev)).backward()
+            o.step()
+    return max((p.detach().cpu() - q.detach()).abs().max().item()
+               for p, q in zip(ddp.parameters(), ddp_ref.parameters()))
+
+
+@pytest.mark.parametrize("shared_device", [False, True], ids=["device-per-rank", "one-device"])
+def test_ddp_on_the_device_trains_to_gloo_weights_on_the_cpu(shared_device):
+    setup = Setup(gloo=True, imports=DEVICE_SETUP.imports, env=DEVICE_SETUP.env)
+    diffs = run_ranks(rank_ddp_matches_gloo, 2, shared_device, setup=setup, timeout=180)
+    assert max(diffs) <= 1e-6, diffs
+
+
+# ---------------------------------------------------------------------------
+# Delegation: DLOP_DEVICE_BACKEND=gloo sends CPU tensors through the delegation code to Gloo.
+
+
+def rank_delegated_to_gloo(ctx) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+    size = ctx.world_size
+    problems: list[str] = []
+    t = torch.full((1001,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    if not torch.equal(t, torch.full((1001,), float(size * (size + 1) // 2))):
+        problems.append("all_reduce through Gloo")
+    outs = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(outs, torch.arange(3) + 10 * ctx.rank)
+    if any(not torch.equal(outs[r], torch.arange(3) + 10 * r) for r in range(size)):
+        problems.append("all_gather through Gloo")
+    # The engine counts a delegated all-reduce as gradient traffic until it completes.
+    big = torch.ones(16 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    counted_while_running = pg.gradients_in_flight
+    work.wait()
+    deadline = time.monotonic() + 5
+    while pg.gradients_in_flight and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _, refused = attempt(lambda: dist.all_reduce(torch.ones(4, device="dlop_test:0")))
+    return {"problems": problems, "work": type(work).__name__, "counted": counted_while_running,
+            "after": pg.gradients_in_flight, "refused": str(refused)}
+
+
+def test_delegation_to_gloo_runs_the_calls_and_counts_them_as_gradient_traffic():
+    setup = Setup(gloo=False, imports=DEVICE_SETUP.imports, env={"DLOP_DEVICE_BACKEND": "gloo"})
+    for rank, r in enumerate(run_ranks(rank_delegated_to_gloo, 2, setup=setup, timeout=120)):
+        assert not r["problems"], (rank, r)
+        assert "Dlop" not in r["work"], f"rank {rank}: the call was not delegated ({r['work']})"
+        assert r["counted"] == 1, f"rank {rank}: {r['counted']} gradients in flight during a delegated all-reduce"
+        assert r["after"] == 0, f"rank {rank}: still counted after it completed"
+        assert "DLOP_DEVICE_BACKEND=gloo" in r["refused"] and "dlop_test:0" in r["refused"], r["refused"]

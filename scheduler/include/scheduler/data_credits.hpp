@@ -62,7 +62,8 @@ class DataCredits {
   // The engine's side.
   void gradient_started(Clock::time_point now = Clock::now());
   void gradient_finished(Clock::time_point now = Clock::now());
-  bool gradient_in_flight() const { return gradients_.load(std::memory_order_relaxed) > 0; }
+  bool gradient_in_flight() const { return gradients_in_flight() > 0; }
+  int gradients_in_flight() const { return gradients_.load(std::memory_order_relaxed); }
 
   // The training step now running (set by whoever drives steps, e.g. the
   // offload client when the trainer takes a batch). Starts at 0.

@@ -4,6 +4,7 @@
 #include "stream_runtime.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <thread>
@@ -26,6 +27,9 @@ struct QueuedCopy {
   Timing timing;
 
   void operator()() const {
+    // The caller's autograd state is not this thread's: the copy is data only
+    // (a CPU side may be a leaf that requires grad, copied into under no_grad).
+    const at::AutoDispatchBelowADInplaceOrView data_only;
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto bytes = static_cast<double>(dst.numel()) * static_cast<double>(dst.element_size());
@@ -71,6 +75,8 @@ HostCopyScope::~HostCopyScope() {
   tls_host_copies = previous_;
 }
 
+// Checks what it can on the caller: an error on a stream would only surface at
+// the next wait for it.
 at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(src.defined() && dst.defined(), "dlop_test: copy of an undefined tensor");
   TORCH_CHECK(src.is_privateuseone() || dst.is_privateuseone(), "dlop_test: a copy without a dlop_test tensor");
@@ -90,6 +96,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     return dst;
   }
 
+  TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()), "dlop_test: cannot copy a tensor of shape ",
+              src.sizes(), " into one of shape ", dst.sizes());
   const bool to_device = dst.is_privateuseone();
   const auto index = to_device ? dst.device().index() : src.device().index();
   const auto stream = current_stream(index);
@@ -105,13 +113,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     src_ready.block(stream);
   }
 
-  // Check now, on the caller, what the copy on the stream would otherwise
-  // fail on (a copy that throws there stops the stream).
-  auto host_src = on_host(src);
-  auto host_dst = on_host(dst);
-  TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()),
-              "dlop_test: cannot copy a tensor of shape ", src.sizes(), " into one of shape ", dst.sizes());
-  const auto position = w.enqueue(QueuedCopy{host_src, host_dst, {src.storage(), dst.storage()}, timing()});
+  const auto position = w.enqueue(QueuedCopy{on_host(src), on_host(dst), {src.storage(), dst.storage()}, timing()});
 
   if (other) {
     Event copied;

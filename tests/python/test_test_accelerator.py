@@ -211,6 +211,16 @@ def test_dtype_converting_and_non_contiguous_copies(late):
     assert torch.all(f.cpu() == 5.0)
 
 
+def test_copies_into_leaves_that_require_grad(late):
+    # The copy runs on a stream's thread, outside the caller's no_grad.
+    leaf = torch.zeros(N, requires_grad=True)
+    param = torch.nn.Parameter(torch.zeros(N, device="dlop_test"))
+    with torch.no_grad():
+        leaf.copy_(values().to("dlop_test"))
+        param.copy_(values())
+    assert torch.equal(leaf.detach(), values()) and torch.equal(param.detach().cpu(), values())
+
+
 def test_copy_rate_model():
     data = torch.ones(4_000_000 // 4).pin_memory()  # 4 MB
     dst = torch.empty_like(data, device="dlop_test")

@@ -5,23 +5,24 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
-#include <string>
 #include <vector>
 
 namespace dlop::test_accelerator {
 namespace {
 
-// A non-negative number from the environment, or fallback when unset. A bad
-// value is an error naming the variable (the extension's import fails).
-double env_number(const char* name, double fallback, double max) {
+// A number from the environment, or fallback when unset. A bad value is an
+// error naming the variable (the extension's import fails).
+double env_number(const char* name, double fallback, double min, double max, bool integral) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') {
     return fallback;
   }
   char* end = nullptr;
   const double value = std::strtod(text, &end);
-  TORCH_CHECK(end != text && *end == '\0' && value >= 0 && value <= max, name, "=", text,
-              ": expected a number from 0 to ", static_cast<int64_t>(max));
+  const bool ok = end != text && *end == '\0' && value >= min && value <= max &&
+                  (!integral || value == static_cast<double>(static_cast<int64_t>(value)));
+  TORCH_CHECK(ok, name, "=", text, ": expected ", integral ? "an integer" : "a number", " from ",
+              static_cast<int64_t>(min), " to ", static_cast<int64_t>(max));
   return value;
 }
 
@@ -31,11 +32,9 @@ struct Settings {
   std::atomic<double> copy_gbps;
 
   Settings()
-      : device_count(static_cast<c10::DeviceIndex>(env_number("DLOP_TEST_DEVICE_COUNT", 2, 64))),
-        delay_us(static_cast<int64_t>(env_number("DLOP_TEST_DEVICE_DELAY_US", 0, 60e6))),
-        copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 1e6)) {
-    TORCH_CHECK(device_count >= 1, "DLOP_TEST_DEVICE_COUNT=0: at least one device is needed");
-  }
+      : device_count(static_cast<c10::DeviceIndex>(env_number("DLOP_TEST_DEVICE_COUNT", 2, 1, 64, true))),
+        delay_us(static_cast<int64_t>(env_number("DLOP_TEST_DEVICE_DELAY_US", 0, 0, 60e6, true))),
+        copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 0, 1e6, false)) {}
 };
 
 Settings& settings() {

@@ -282,3 +282,24 @@ def test_the_loader_paces_against_the_default_dlop_group(tmp_path, classes):
         want.append("granted: 12345")
     want += ["gloo: None", "off: None"]
     assert out.stdout.split("\n")[:-1] == want
+
+
+def test_batches_on_an_accelerator_are_read_only_after_their_copy(dataset, daemons):
+    """device="dlop_test:1": each batch lands in pinned memory, is copied on a side stream one batch
+    ahead, and the current stream waits for that copy. The test accelerator's copies take 20 ms, so a
+    consumer that read on its stream without that wait would read memory not yet written."""
+    import dlop.testing.accelerator as accelerator
+
+    device = torch.device("dlop_test", 1)
+    previous = accelerator.configure(delay_us=20_000)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loader = make_loader(dataset, daemons, device=str(device))
+            got = []
+            for x, y in loader:
+                assert x.device == device and y.device == device
+                got.append((x.cpu().numpy(), y.cpu().numpy()))  # read on the current stream
+        assert_same(got, reference(dataset, 0))
+    finally:
+        accelerator.configure(*previous)

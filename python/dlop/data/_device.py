@@ -1,12 +1,16 @@
-"""Batches moved to a GPU on a side stream, one batch ahead of the consumer.
+"""Batches moved to an accelerator on a side stream, one batch ahead of the consumer.
 
-The loader's CPU batches view pool slots that are reused once the next batch
-is asked for, so a slot may be given back only after its copy has finished:
-the copy of batch k is waited for (its event) before batch k+1 is pulled, and
-batch k+1's copy is issued before batch k is handed out, so it overlaps the
-consumer's work on batch k. The consumer's stream waits on each batch's
-event, and every tensor is marked as used on that stream for the caching
-allocator.
+Any accelerator torch has a device module for (``torch.cuda``, ``torch.xpu``,
+a PrivateUse1 device such as the test accelerator ``torch.dlop_test``): the
+module's Stream, Event, stream() and current_stream() are all this uses.
+
+Each batch is copied from the loader's pool slot into the device's pinned
+memory (the pool is page-locked, but not known to the device), which frees
+the slot at once, and uploaded from there on the side stream: batch k+1's
+upload is issued before batch k is handed out, so it overlaps the
+consumer's work on batch k. The host never waits for an upload: the
+consumer's current stream waits on each batch's event, and every tensor is
+marked as used on that stream for the device's caching allocator.
 """
 
 from __future__ import annotations
@@ -16,18 +20,17 @@ from typing import Any, Iterator
 import torch
 
 
-def cuda_device(device: Any) -> torch.device | None:
-    """The CUDA device to deliver to, None for the CPU; ValueError when it cannot be used."""
+def accelerator_device(device: Any) -> torch.device | None:
+    """The accelerator to deliver to, None for the CPU; ValueError when it cannot be used."""
     if device is None:
         return None
     d = torch.device(device)
     if d.type == "cpu":
         return None
-    if d.type != "cuda":
-        raise ValueError(f"OffloadLoader: device {d} is neither the CPU nor a CUDA device")
-    if not torch.cuda.is_available():
-        raise ValueError(f"OffloadLoader: device {d} asked for, but this torch sees no CUDA device")
-    return torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
+    module = getattr(torch, d.type, None)
+    if module is None or not hasattr(module, "Stream") or not module.is_available():
+        raise ValueError(f"OffloadLoader: device {d} asked for, but this torch has no usable {d.type} device")
+    return torch.device(d.type, module.current_device() if d.index is None else d.index)
 
 
 def _map(batch: Any, fn) -> Any:
@@ -43,27 +46,39 @@ def _map(batch: Any, fn) -> Any:
 
 
 def to_device(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
-    side = torch.cuda.Stream(device)
+    module = getattr(torch, device.type)
+    side = module.Stream(device)
+    uploading: list[tuple[Any, Any]] = []  # (event, pinned copy): kept until the upload has read it
 
     def start(cpu):
-        with torch.cuda.stream(side):
-            gpu = _map(cpu, lambda t: t.to(device, non_blocking=True))
-            done = torch.cuda.Event()
+        # The pool's buffers are page-locked, but the device does not know
+        # them: an upload from them would make the host wait. A copy into
+        # the device's own pinned memory (a memcpy) lets the upload go async,
+        # and frees the pool's slot at once.
+        pinned = _map(cpu, lambda t: t if t.is_pinned() else torch.empty(
+            t.shape, dtype=t.dtype, pin_memory=True).copy_(t))
+        with module.stream(side):
+            on_device = _map(pinned, lambda t: t.to(device, non_blocking=True))
+            done = module.Event()
             done.record(side)
-        return gpu, done
+        uploading[:] = [u for u in uploading if not u[0].query()] + [(done, pinned)]
+        return on_device, done
 
     cpu = next(batches, None)
     if cpu is None:
         return
-    gpu, done = start(cpu)
-    while True:
-        done.synchronize()  # the slot behind `cpu` is read: it may go back to the pool
-        following = next(batches, None)
-        consumer = torch.cuda.current_stream(device)
-        consumer.wait_event(done)
-        _map(gpu, lambda t: t.record_stream(consumer))
-        ahead = start(following) if following is not None else None
-        yield gpu
-        if ahead is None:
-            return
-        gpu, done = ahead
+    on_device, done = start(cpu)
+    try:
+        while True:
+            following = next(batches, None)
+            consumer = module.current_stream(device)
+            consumer.wait_event(done)
+            _map(on_device, lambda t: t.record_stream(consumer))
+            ahead = start(following) if following is not None else None
+            yield on_device
+            if ahead is None:
+                return
+            on_device, done = ahead
+    finally:
+        for event, _ in uploading:  # the pinned copies may be freed only once read
+            event.synchronize()

@@ -101,8 +101,10 @@ class OffloadLoader:
     With offloaders the tensors view a pooled (page-locked where allowed)
     buffer without a copy; it is reused once the next batch is asked for, so
     keep a batch past that only by cloning it. With ``device="cuda"`` (or
-    "cuda:N") every tensor arrives on that GPU instead, copied on a side
-    stream one batch ahead (dlop.data._device).
+    "cuda:N", or any accelerator torch has a device module for, such as the
+    test accelerator "dlop_test") every tensor arrives on that device
+    instead, copied on a side stream one batch ahead, and the caller's
+    current stream waits for the copy (dlop.data._device).
 
     Batches that come over UCX are paced against the gradient all-reduces of
     ``process_group`` (default: the default group, when its backend is dlop;
@@ -134,7 +136,7 @@ class OffloadLoader:
         if (dataset is None) == (source is None):
             raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
         self.dataset, self.collate_fn, self._job = dataset, collate_fn, b""
-        self.device = _device.cuda_device(device)  # ValueError when asked for a GPU this torch lacks
+        self.device = _device.accelerator_device(device)  # ValueError when this torch lacks that device
         if dataset is not None:
             self.source, self.transform = "", ""
             self._job = _python_job.encode_job(dataset, collate_fn)  # ValueError when it does not pickle

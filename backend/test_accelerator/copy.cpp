@@ -32,9 +32,8 @@ struct QueuedCopy {
     const at::AutoDispatchBelowADInplaceOrView data_only;
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    const auto bytes = static_cast<double>(dst.numel()) * static_cast<double>(dst.element_size());
-    const auto transfer =
-        timing.copy_gbps > 0 ? std::chrono::duration<double>(bytes / (timing.copy_gbps * 1e9)) : std::chrono::duration<double>(0);
+    const double bytes = static_cast<double>(dst.numel()) * static_cast<double>(dst.element_size());
+    const std::chrono::duration<double> transfer(timing.copy_gbps > 0 ? bytes / (timing.copy_gbps * 1e9) : 0.0);
     const auto end = start + timing.delay + std::chrono::duration_cast<Clock::duration>(transfer);
     if (timing.delay.count() == 0) {
       dst.copy_(src);

@@ -38,7 +38,8 @@ PYBIND11_MODULE(_accelerator, m) {
   m.def("device_count", [] { return static_cast<int>(ta::device_count()); });
   m.def("current_device", [] { return static_cast<int>(ta::current_device()); });
   m.def("set_device", [](int index) { ta::set_current_device(static_cast<c10::DeviceIndex>(index)); });
-  m.def("default_stream", [](int index) { return stream_args(ta::default_stream(static_cast<c10::DeviceIndex>(index))); });
+  m.def("default_stream",
+        [](int index) { return stream_args(ta::default_stream(static_cast<c10::DeviceIndex>(index))); });
   m.def(
       "synchronize", [](int index) { ta::synchronize_device(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());

@@ -234,6 +234,9 @@ def _register() -> None:
         torch._register_device_module(NAME, sys.modules[__name__])
     if not hasattr(torch.Tensor, "is_" + NAME):
         torch.utils.generate_methods_for_privateuse1_backend()
+    import dlop  # backend "dlop" serves the device, in groups made before this import too
+
+    dlop.register_device(NAME)
 
 
 _register()

@@ -1,6 +1,6 @@
 """dlop.bench.linearity's report, fed the measurements of a real run on this project's machine.
 
-The recorded run is the committed bench/results/session6/linearity/ (made by
+The recorded run is the committed bench/results/linearity/2026-11-24-d01244b/ (made by
 `python -m dlop.bench.linearity --ranks 1,2,4`, dlop and Gloo; its raw/ holds
 each dlop.bench.ddp run's own JSON): the report stage is run again from it with
 `dlop report linearity --from-json`, so these tests take seconds; the
@@ -28,7 +28,7 @@ from dlop.bench import scaling_model as sm
 from dlop.bench.linearity_report import PLOT_DPI, PLOT_INCHES, PLOTS
 
 DLOP = Path(sys.executable).with_name("dlop")
-RECORDED = Path(__file__).resolve().parents[2] / "bench" / "results" / "session6" / "linearity"
+RECORDED = Path(__file__).resolve().parents[2] / "bench" / "results" / "linearity" / "2026-11-24-d01244b"
 
 
 def _run(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:

@@ -66,8 +66,10 @@ class CompletionPoller {
 void count_until_done(const c10::intrusive_ptr<c10d::Work>& work, const std::shared_ptr<sched::DataCredits>& credits) {
   credits->gradient_started();
   // The callback holds the work: a future drops its callbacks once it has run them.
-  work->getFuture()->addCallback([work, credits](c10::ivalue::Future&) {
-    if (work->isCompleted()) {
+  work->getFuture()->addCallback([work, credits](c10::ivalue::Future& future) {
+    // A future without devices (a CPU backend's) completes when its work
+    // does; a device backend's may complete when its work is queued.
+    if (future.devices().empty() || work->isCompleted()) {
       credits->gradient_finished();
     } else {
       CompletionPoller::instance().add({work, credits});

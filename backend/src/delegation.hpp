@@ -12,9 +12,10 @@
 namespace dlop::backend {
 
 // Counts `work` as a gradient collective in flight from now until it has
-// completed. A device backend's future may complete when the work is queued
-// (NCCL's does), so completion is what Work::isCompleted() says: checked
-// when the future completes, then polled by a tracking thread until true.
+// completed. A CPU backend's future completes with its work. A device
+// backend's may complete when the work is queued (NCCL's does): there
+// completion is what Work::isCompleted() says, checked when the future
+// completes, then polled by a tracking thread until true.
 void count_until_done(const c10::intrusive_ptr<c10d::Work>& work, const std::shared_ptr<sched::DataCredits>& credits);
 
 }  // namespace dlop::backend

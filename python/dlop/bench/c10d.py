@@ -33,7 +33,7 @@ import dlop  # noqa: F401  (registers the backend)
 from dlop.bench import _common
 from dlop.bench.c10d_ops import CASES, DTYPES
 
-IMPLS = ("dlop", "gloo", "fake")  # fake: results are not computed, only the call's cost
+IMPLS = ("dlop", "gloo", "nccl", "fake")  # fake: results are not computed, only the call's cost
 ROTATE_BYTES = 64 << 20  # rotate buffer sets through this much memory ...
 ROTATE_UP_TO = 8 << 20  # ... for sizes up to this (larger ones do not fit in any cache here)
 MAX_SETS = 256
@@ -49,7 +49,11 @@ def parse_args(argv=None):
     p.add_argument("--sizes", help="comma-separated sizes (8,64M), instead of -b/-e/-f")
     p.add_argument("--ops", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     p.add_argument("-d", "--dtype", default="float", choices=sorted(DTYPES))
-    p.add_argument("--impls", default=",".join(IMPLS), help="any of dlop, gloo, fake")
+    p.add_argument("--impls", default="dlop,gloo,fake", help="any of " + ", ".join(IMPLS) +
+                   "; the first two (not fake) are the table's columns")
+    p.add_argument("--device", default="cpu",
+                   help="where the buffers live: cpu, or an accelerator (cuda, dlop_test, ...); calls are timed "
+                        "to the device's completion (dlop stages or delegates as DLOP_DEVICE_BACKEND says)")
     p.add_argument("-n", "--iters", type=int, default=0, help="timed calls per repetition (0: 32 MiB / S in [3, 1000])")
     p.add_argument("-w", "--warmup", type=int, default=-1, help="warm-up calls (-1: as many as timed for S <= 8 MiB, else 1)")
     p.add_argument("-r", "--repetitions", type=int, default=5)
@@ -72,6 +76,12 @@ def plan(size: int, args) -> tuple[int, int, int]:
     return iters, warmup, sets
 
 
+def _synchronize(device) -> None:
+    """Waits for an accelerator's buffers: a call counts until its results are there."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize(device)
+
+
 def time_calls(case, group, calls: int, first: int) -> list[float]:
     """Per-call seconds of `calls` back-to-back calls, rotating buffer sets from `first`."""
     times, sets = [], case.sets
@@ -79,6 +89,7 @@ def time_calls(case, group, calls: int, first: int) -> list[float]:
         buffers = sets[(first + i) % len(sets)]
         start = time.perf_counter()
         case.call(buffers, group)
+        _synchronize(case.device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -86,7 +97,8 @@ def time_calls(case, group, calls: int, first: int) -> list[float]:
 def measure(case, groups: dict, control, args) -> dict:
     """{impl: (time_us, wrong)} for one case: checks, warm-up, then alternating repetitions."""
     iters, warmup, _ = plan(case.bytes, args)
-    wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else 0 for impl in groups}
+    with case.device:
+        wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else 0 for impl in groups}
     for impl, group in groups.items():
         time_calls(case, group, warmup, 0)
     samples = {impl: [] for impl in groups}
@@ -116,11 +128,17 @@ def _fixed(value, digits=2):
     return f"{value:.{digits}f}"
 
 
+def columns(impls: list[str]) -> list[str]:
+    """The two implementations the table sets side by side (fake has a column of its own)."""
+    return ([i for i in impls if i != "fake"] + ["-", "-"])[:2]
+
+
 def print_case_rows(rows: dict, impls: list[str]) -> None:
     """One table line for one case: both implementations side by side and their ratios."""
     first = rows[impls[0]]
+    left, right = columns(impls)
     cells = []
-    for impl in IMPLS[:2]:
+    for impl in (left, right):
         row = rows.get(impl)
         if row is None:
             cells += ["-", "-", "-", "-"]
@@ -128,12 +146,12 @@ def print_case_rows(rows: dict, impls: list[str]) -> None:
         data = row["bytes"] > 0
         cells += [_fixed(row["time_us"]), _fixed(row["algbw_gbps"]) if data else "-",
                   _fixed(row["busbw_gbps"]) if data else "-", str(row["wrong"]) if row["wrong"] >= 0 else "-"]
-    both = "dlop" in rows and "gloo" in rows  # the fake floor is optional
+    both = left in rows and right in rows  # the fake floor is optional
     bw_ratio = time_ratio = "-"
-    if both and rows["gloo"]["time_us"] > 0:
-        time_ratio = _fixed(rows["dlop"]["time_us"] / rows["gloo"]["time_us"], 3)
-        if first["bytes"] > 0 and rows["gloo"]["busbw_gbps"] > 0:
-            bw_ratio = _fixed(rows["dlop"]["busbw_gbps"] / rows["gloo"]["busbw_gbps"])
+    if both and rows[right]["time_us"] > 0:
+        time_ratio = _fixed(rows[left]["time_us"] / rows[right]["time_us"], 3)
+        if first["bytes"] > 0 and rows[right]["busbw_gbps"] > 0:
+            bw_ratio = _fixed(rows[left]["busbw_gbps"] / rows[right]["busbw_gbps"])
     fake_time = _fixed(rows["fake"]["time_us"]) if "fake" in rows else "-"
     fake_ratio = "-"
     if "dlop" in rows and "fake" in rows and rows["fake"]["time_us"] > 0:
@@ -159,12 +177,14 @@ def print_header(header: dict, args) -> None:
           "the floor of torch.distributed's per-call cost; d/f = dlop time / fake time")
 
 
-def print_op_header(op: str) -> None:
+def print_op_header(op: str, impls: list[str]) -> None:
+    left, right = columns(impls)
+    ratio = f"{left[0]}/{right[0]}"
     print(f"#\n# {op}")
-    print(_LINE.format("#", "size", "count", "type", "redop", "root", "place", "dlop time", "algbw", "busbw", "#wrong",
-                       "gloo time", "algbw", "busbw", "#wrong", "busbw", "time", "fake time", "time"))
+    print(_LINE.format("#", "size", "count", "type", "redop", "root", "place", f"{left} time", "algbw", "busbw",
+                       "#wrong", f"{right} time", "algbw", "busbw", "#wrong", "busbw", "time", "fake time", "time"))
     print(_LINE.format("#", "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                       "(GB/s)", "", "d/g", "d/g", "(us)", "d/f"), flush=True)
+                       "(GB/s)", "", ratio, ratio, "(us)", "d/f"), flush=True)
 
 
 def print_footer(all_rows: list[dict], impls: list[str]) -> None:
@@ -181,12 +201,24 @@ def print_footer(all_rows: list[dict], impls: list[str]) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.buffer_device = torch.device("cpu")
     # torch 2.13 calls all_gather_into_tensor / reduce_scatter_tensor deprecated (for *_single); we keep the
     # names every torch >= 2.0 has, and the rows carry them.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     if "RANK" not in os.environ:
         print("dlop.bench.c10d: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m dlop.bench.c10d", file=sys.stderr)
         return 2
+    if args.device != "cpu":
+        if args.device.startswith("dlop_test"):
+            import dlop.testing.accelerator  # noqa: F401
+        device = torch.device(args.device)
+        module = getattr(torch, device.type)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device(device.type, device.index if device.index is not None else
+                              local_rank % module.device_count())
+        module.set_device(device.index)
+        args.buffer_device = device  # every buffer of the cases (not the control group's)
+        args.impls = [i for i in args.impls if i != "fake"]  # torch's fake group serves the CPU only
     dist.init_process_group(backend="dlop")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo")
@@ -194,14 +226,16 @@ def main(argv=None) -> int:
     # The default group passed as an object, like the others: group=None costs
     # torch a default-group look-up per call (0.4 us here) that the fake floor
     # would not pay, which is no cost of the backend's.
-    by_impl = {"dlop": dist.group.WORLD, "gloo": control, "fake": fake}
+    nccl = dist.new_group(backend="nccl") if "nccl" in args.impls else None
+    by_impl = {"dlop": dist.group.WORLD, "gloo": control, "nccl": nccl, "fake": fake}
     groups = {impl: by_impl[impl] for impl in IMPLS if impl in args.impls}
     if args.sizes:
         sizes = [_common.parse_size(size) for size in args.sizes.split(",")]
     else:
         sizes = _common.size_range(_common.parse_size(args.minbytes), _common.parse_size(args.maxbytes), args.stepfactor)
     header = _common.run_header(benchmark="c10d", ranks=ranks, dtype=args.dtype, repetitions=args.repetitions,
-                                rotate_bytes=ROTATE_UP_TO, impls=list(groups), ops=args.ops)
+                                rotate_bytes=ROTATE_UP_TO, impls=list(groups), ops=args.ops, device=args.device,
+                                device_backend=os.environ.get("DLOP_DEVICE_BACKEND", "auto"))
     if rank == 0:
         print_header(header, args)
     all_rows = []
@@ -210,11 +244,13 @@ def main(argv=None) -> int:
                            unit="case", show=rank == 0)
     for op in args.ops:
         if rank == 0:
-            print_op_header(op)
+            print_op_header(op, list(groups))
         for size in ([0] if op == "barrier" else sizes):
             bar.set_postfix_str(f"{op} {_common.format_size(size)}")
             bar.update()
-            case = CASES[op](size, DTYPES[args.dtype], ranks, rank, plan(size, args)[2])
+            with args.buffer_device:
+                case = CASES[op](size, DTYPES[args.dtype], ranks, rank, plan(size, args)[2])
+            case.device = args.buffer_device
             results = measure(case, groups, control, args)
             rows = {impl: make_row(case, impl, args.dtype, *results[impl]) for impl in groups}
             all_rows += rows.values()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,32 @@ def test_report_plots_are_pngs(ddp_json, tmp_path):
     assert struct.unpack(">II", raw[16:24]) == (11 * 110, 4 * 110)  # plot_ddp: figsize (11, 4) at 110 dpi
     pixels = matplotlib.image.imread(tmp_path / "plots" / "ddp.png")
     assert pixels.shape[:2] == (440, 1210) and pixels.std() > 0.01
+
+
+def test_c10d_on_the_test_accelerator_checks_every_op(tmp_path):
+    path = tmp_path / "c10d_device.json"
+    _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dlop.bench.c10d",
+          "--device", "dlop_test", "--impls", "dlop", "--sizes", "8,4K", "-r", "1", "-n", "2", "-w", "1",
+          "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["op"] for r in rows} == set(CASES)
+    assert all(r["impl"] == "dlop" and r["wrong"] == 0 for r in rows), rows
+
+
+def test_device_bench_reports_staging_and_delegation(tmp_path):
+    path = tmp_path / "device.json"
+    _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dlop.bench.device",
+          "--size", "1M", "--copy-gbps", "25", "-r", "2", "--small-iters", "20", "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    staging = [r for r in rows if r["bench"] == "staging"]
+    assert len(staging) == 1 and staging[0]["staged_allreduce_ms"] > 0 and staging[0]["copy_gbps"] == 25
+    delegation = [r for r in rows if r["bench"] == "delegation"]
+    assert len(delegation) == 1 and delegation[0]["gloo_us"] > 0 and delegation[0]["delegated_us"] > 0
+
+
+def test_imagenet_example_trains_on_the_test_accelerator():
+    out = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(Path(__file__).resolve().parents[2] / "examples/imagenet_ddp.py"),
+                "--device", "dlop_test", "--arch", "none", "--image-size", "32", "--batch-size", "2", "--steps", "1",
+                "--epochs", "1", "--classes", "10"])
+    assert "backend dlop, 2 ranks on dlop_test" in out and "images/s" in out, out

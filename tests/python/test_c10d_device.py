@@ -8,21 +8,37 @@ are wrong results, never luck. Expected values are computed here from every
 rank's inputs (each rank can make them all), not by another backend.
 
 Ranks: 2, one device each; 3, where ranks 0 and 2 share device 0.
+
+DLOP_TEST_ACCELERATOR=cuda runs the same tests on GPUs (scripts/gpu_check.sh),
+staged or delegated to NCCL as DLOP_DEVICE_BACKEND says; the tests that need
+the test accelerator's late copies or its second device are skipped there.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import pytest
 from c10d_harness import Cluster, Setup, attempt, check, run_ranks
 
+ACCELERATOR = os.environ.get("DLOP_TEST_ACCELERATOR", "dlop_test")
+ON_TEST_DEVICE = ACCELERATOR == "dlop_test"
 DELAY_US = 2000
-DEVICE_SETUP = Setup(gloo=False, imports=("dlop.testing.accelerator",),
+DEVICE_SETUP = Setup(gloo=False, imports=("dlop.testing.accelerator",) if ON_TEST_DEVICE else (),
                      env={"DLOP_TEST_DEVICE_DELAY_US": str(DELAY_US)})
+needs_test_device = pytest.mark.skipif(not ON_TEST_DEVICE, reason="needs dlop_test's late copies")
 DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
 LARGE = 64 << 20  # bytes
+
+
+def _device_count() -> int:
+    if ON_TEST_DEVICE:
+        return 2
+    import torch
+
+    return getattr(torch, ACCELERATOR).device_count()
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks-shared-device"])
@@ -36,10 +52,16 @@ def cluster(request):
 # Rank side.
 
 
+def _module():
+    import torch
+
+    return getattr(torch, ACCELERATOR)
+
+
 def _device(ctx):
     import torch
 
-    return torch.device("dlop_test", ctx.rank % 2)
+    return torch.device(ACCELERATOR, ctx.rank % _module().device_count())
 
 
 @functools.lru_cache(maxsize=64)
@@ -185,7 +207,7 @@ def rank_input_ordering(ctx) -> list[str]:
 
     n, size = 1 << 16, ctx.world_size
     t = torch.zeros(n, device=_device(ctx))
-    torch.dlop_test.synchronize(_device(ctx))
+    _module().synchronize(_device(ctx))
     t.copy_(torch.full((n,), float(ctx.rank + 1)).pin_memory(), non_blocking=True)  # late
     dist.all_reduce(t)
     problems: list[str] = []
@@ -213,10 +235,12 @@ def rank_output_ordering(ctx, how: str) -> list[str]:
     return problems
 
 
+@needs_test_device
 def test_op_waits_for_the_callers_stream(cluster):
     check(cluster, rank_input_ordering)
 
 
+@needs_test_device
 @pytest.mark.parametrize("how", ["wait", "future"])
 def test_callers_stream_waits_for_the_op(cluster, how):
     check(cluster, rank_output_ordering, how)
@@ -250,6 +274,7 @@ def rank_wait_does_not_block_host(ctx) -> dict:
         acc.configure(*previous)
 
 
+@needs_test_device
 def test_work_wait_does_not_block_the_host_on_the_device(cluster):
     """wait() waits for the host collective (after the 300 ms copy out), not for the 300 ms copy back."""
     for rank, r in enumerate(cluster.run(rank_wait_does_not_block_host)):
@@ -265,11 +290,10 @@ def rank_mixed_devices(ctx) -> list[str]:
     import torch.distributed as dist
 
     problems = []
-    cases = {
-        "cpu": (torch.zeros(4), "cpu"),
-        "other device": (torch.zeros(4, device=torch.device("dlop_test", 1 - ctx.rank % 2)),
-                         f"dlop_test:{1 - ctx.rank % 2}"),
-    }
+    cases = {"cpu": (torch.zeros(4), "cpu")}
+    if _module().device_count() > 1:
+        other = torch.device(ACCELERATOR, (_device(ctx).index + 1) % _module().device_count())
+        cases["other device"] = (torch.zeros(4, device=other), str(other))
     for name, (other, other_name) in cases.items():
         outs = [torch.zeros(4, device=_device(ctx)) for _ in range(ctx.world_size - 1)] + [other]
         _, error = attempt(lambda: dist.all_gather(outs, torch.ones(4, device=_device(ctx))))
@@ -302,8 +326,8 @@ def rank_ddp_matches_gloo(ctx, shared_device: bool) -> float:
     import torch
     import torch.distributed as dist
 
-    device = torch.device("dlop_test", 0 if shared_device else ctx.rank % 2)
-    torch.dlop_test.set_device(device.index)
+    device = torch.device(ACCELERATOR, 0 if shared_device else _device(ctx).index)
+    _module().set_device(device.index)
     torch.manual_seed(0)
     make = lambda: torch.nn.Sequential(  # noqa: E731
         torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
@@ -331,6 +355,8 @@ def rank_ddp_matches_gloo(ctx, shared_device: bool) -> float:
 
 @pytest.mark.parametrize("shared_device", [False, True], ids=["device-per-rank", "one-device"])
 def test_ddp_on_the_device_trains_to_gloo_weights_on_the_cpu(shared_device):
+    if not shared_device and not ON_TEST_DEVICE and _device_count() < 2:
+        pytest.skip(f"one {ACCELERATOR} device")
     setup = Setup(gloo=True, imports=DEVICE_SETUP.imports, env=DEVICE_SETUP.env)
     diffs = run_ranks(rank_ddp_matches_gloo, 2, shared_device, setup=setup, timeout=180)
     assert max(diffs) <= 1e-6, diffs
@@ -368,6 +394,7 @@ def rank_delegated_to_gloo(ctx) -> dict:
             "after": pg.gradients_in_flight, "refused": str(refused)}
 
 
+@needs_test_device
 def test_delegation_to_gloo_runs_the_calls_and_counts_them_as_gradient_traffic():
     setup = Setup(gloo=False, imports=DEVICE_SETUP.imports, env={"DLOP_DEVICE_BACKEND": "gloo"})
     for rank, r in enumerate(run_ranks(rank_delegated_to_gloo, 2, setup=setup, timeout=120)):

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# On a machine with NVIDIA GPUs, torch and NCCL (and no internet): confirms on
+# CUDA what the test accelerator proves in CI. One command:
+#
+#   scripts/gpu_check.sh [OUT]          (OUT: where results go, default bench/results/gpu_check/<date>-<commit>)
+#
+# It builds dlop against the torch found there (with the Debian packages of
+# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them),
+# then runs:
+#   1. the device tests (tests/python/test_c10d_device.py) on CUDA, staged
+#      (DLOP_DEVICE_BACKEND=staged), and delegated to NCCL (auto) where there
+#      are two GPUs or more;
+#   2. dlop.bench.c10d on CUDA tensors: 2 ranks on 2 GPUs against NCCL (where
+#      there are two), and 2 ranks sharing GPU 0 against Gloo (staged);
+#      dlop.bench.device (the staged 64 MiB all-reduce against its parts);
+#   3. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
+#      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared).
+# Every output goes to OUT with the machine's description. Not part of `make test`.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+OUT=${1:-bench/results/gpu_check/$(date -u +%Y-%m-%d)-$REV}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+
+# --- dependencies: the machine's own, else the carried .debs in a private prefix
+DEPS=/opt/dlop-deps
+if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
+  mkdir -p "$DEPS"
+  for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
+  export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
+  export CMAKE_PREFIX_PATH="$DEPS/usr:${CMAKE_PREFIX_PATH:-}"
+  export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  export PATH="$DEPS/usr/bin:$PATH"
+  # UCX finds its transport modules next to itself, under the prefix.
+  export UCX_MODULE_DIR="$DEPS/usr/lib/x86_64-linux-gnu/ucx"
+  # pkg-config files name /usr: point them at the prefix.
+  export PKG_CONFIG_SYSROOT_DIR=$DEPS
+fi
+
+{
+  echo "# gpu_check at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "command: scripts/gpu_check.sh $*"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+} | tee "$OUT/machine.txt"
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+
+# --- build (no C++ tests or benchmarks: the Python side is what runs here)
+G=Ninja; command -v ninja >/dev/null || G="Unix Makefiles"
+cmake -S . -B build-gpu -G "$G" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOP_BUILD_TESTS=OFF -DDLOP_BUILD_BENCH=OFF \
+  -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH="$ROOT/python:$ROOT/tests/python:${PYTHONPATH:-}"
+"$PY" -c 'import dlop, dlop._C; print("dlop", dlop.__version__, "loads")' || exit 1
+
+status=0
+run() {  # run NAME COMMAND...: its output to OUT/NAME.txt, and a line saying how it went
+  local name=$1; shift
+  echo "== $name: $*"
+  if "$@" >"$OUT/$name.txt" 2>&1; then echo "   ok"; else echo "   FAILED (see $OUT/$name.txt)"; tail -15 "$OUT/$name.txt"; status=1; fi
+}
+TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
+
+# 1. the device tests on CUDA
+export DLOP_TEST_ACCELERATOR=cuda
+run tests_staged env DLOP_DEVICE_BACKEND=staged "$PY" -m pytest -q tests/python/test_c10d_device.py
+if ((GPUS >= 2)); then
+  run tests_nccl env DLOP_DEVICE_BACKEND=auto "$PY" -m pytest -q tests/python/test_c10d_device.py -k "2ranks or ddp"
+fi
+unset DLOP_TEST_ACCELERATOR
+
+# 2. benchmarks with the peers in the same run
+if ((GPUS >= 2)); then
+  run c10d_2gpus_nccl env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m dlop.bench.c10d --device cuda \
+    --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
+    --json "$OUT/c10d_2gpus_nccl.json"
+  run c10d_2gpus_staged_vs_nccl env DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m dlop.bench.c10d --device cuda \
+    --impls dlop,nccl --ops all_reduce -e 256M --json "$OUT/c10d_2gpus_staged_vs_nccl.json"
+fi
+run c10d_shared_gpu_gloo env DLOP_DEVICE_BACKEND=auto CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.c10d \
+  --device cuda --impls dlop,gloo --ops all_reduce,broadcast -e 256M --json "$OUT/c10d_shared_gpu_gloo.json"
+run device_staging env CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.device --json "$OUT/device_staging.json"
+
+# 3. a DDP ImageNet-style run, dlop against the device's own backend
+if ((GPUS >= 2)); then peer=nccl; vis=0,1; else peer=gloo; vis=0; fi
+for backend in dlop $peer; do
+  run "imagenet_ddp_$backend" env CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" examples/imagenet_ddp.py \
+    --dist-backend "$backend" --device cuda --arch resnet50 --batch-size 64 --steps 30 --epochs 3
+done
+
+echo "results in $OUT"
+exit $status

@@ -3,7 +3,7 @@ config and thread name: python bench/thread_cpu.py SECONDS [STOPFILE]
 
 Samples /proc/*/task/*/stat every 0.5 s (a thread's last reading counts) for
 SECONDS or until STOPFILE exists, then prints one line per (config, thread).
-Run it beside ``python -m dlop.bench.train``; see bench/results/train/progress_cpu/.
+Run it beside ``python -m dlop.bench.train``; see bench/results/progress_thread_cpu/.
 """
 
 import collections

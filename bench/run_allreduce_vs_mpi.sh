@@ -5,13 +5,15 @@
 #   default  what this Open MPI picks by itself (Debian's: pml ob1, btl vader)
 #   ob1      --mca pml ob1 --mca btl self,vader
 #   ucx      --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any
-# Writes bench/results/allreduce_vs_mpi_<config>.{txt,json}; each .txt starts
-# with the command line that made it.
+# Writes <config>.{txt,json} into the run folder
+# bench/results/allreduce_vs_mpi/<UTC date>-<short commit>/ (or $DLOP_OUT), with
+# its run.md (date, commit, machine, command); each .txt starts with the
+# command line that made it.
 #
 #   bench/run_allreduce_vs_mpi.sh [CONFIG...] [-- EXTRA dlop-bench OPTIONS]
 #   e.g. bench/run_allreduce_vs_mpi.sh ucx -- -e 1M --reps 9
-# DLOP_RUNS=N repeats each configuration N times (files _<config>_run<k>) and
-# then writes _<config>_median.txt: per row, the median over runs of each time
+# DLOP_RUNS=N repeats each configuration N times (files <config>_run<k>) and
+# then writes <config>_median.txt: per row, the median over runs of each time
 # and of each run's own dlop/MPI ratio (bench/median_of_runs.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,9 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do configs+=("$1"); shift; done
 
 mpirun_args=(-np 2)
 [ "$(id -u)" = 0 ] && mpirun_args+=(--allow-run-as-root)
-mkdir -p bench/results
+. bench/run_folder.sh
+run_folder allreduce_vs_mpi "All-reduce vs Open MPI, 2 ranks" \
+  "${DLOP_RUNS:+DLOP_RUNS=$DLOP_RUNS }bench/run_allreduce_vs_mpi.sh ${configs[*]}${*:+ -- $*}"
 
 for config in "${configs[@]}"; do
   case "$config" in
@@ -39,7 +43,7 @@ for config in "${configs[@]}"; do
   runs=${DLOP_RUNS:-1}
   jsons=()
   for ((k = 1; k <= runs; k++)); do
-    base=bench/results/allreduce_vs_mpi_$config
+    base=$out/$config
     [ "$runs" -gt 1 ] && base=${base}_run$k
     cmd=(mpirun "${mpirun_args[@]}" "${mca[@]}" "$bench" allreduce -b 8 -e 256M -f 4 -d float -o sum
          --json "$base.json" "$@")
@@ -52,6 +56,6 @@ for config in "${configs[@]}"; do
     jsons+=("$base.json")
   done
   if [ "$runs" -gt 1 ]; then
-    python3 bench/median_of_runs.py "${jsons[@]}" | tee "bench/results/allreduce_vs_mpi_${config}_median.txt"
+    python3 bench/median_of_runs.py "${jsons[@]}" | tee "$out/${config}_median.txt"
   fi
 done

@@ -5,8 +5,10 @@
 # (torchrun, dlop.bench.c10d) at 4 ranks, with torch's do-nothing backend as
 # the floor. Then all-reduce and DDP beside busy intra-op threads, and the CPU an
 # idle engine uses.
-# Each run goes to bench/results/oversubscribe/<name>.{txt,json}; each .txt
-# starts with the command that made it and the machine's load.
+# Each run goes to <name>.{txt,json} in the run folder
+# bench/results/oversubscribe/<UTC date>-<short commit>/ (or $DLOP_OUT), with its
+# run.md (date, commit, machine, command); each .txt starts with the command
+# that made it and the machine's load.
 #
 #   bench/run_oversubscribe.sh [RANKS...]     default: 2 3 4 8
 # DLOP_RUNS=N repeats each (files _run<k>, then _median.txt per rank count).
@@ -17,10 +19,11 @@ bench=${DLOP_BENCH:-build/bench/dlop-bench}
 [ -x "$bench" ] || { echo "dlop-bench not found: build it, or set DLOP_BENCH" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found" >&2; exit 1; }
 python=${PYTHON:-.venv/bin/python}
-out=bench/results/oversubscribe
-mkdir -p "$out"
 ranks=("$@")
 [ ${#ranks[@]} -gt 0 ] || ranks=(2 3 4 8)
+. bench/run_folder.sh
+run_folder oversubscribe "More ranks than cores: dlop vs Open MPI and Gloo" \
+  "${DLOP_RUNS:+DLOP_RUNS=$DLOP_RUNS }bench/run_oversubscribe.sh ${ranks[*]}"
 root=()
 [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
 runs=${DLOP_RUNS:-1}

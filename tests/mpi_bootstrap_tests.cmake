@@ -17,4 +17,4 @@ add_test(NAME mpi_bootstrap_3_ranks
           $<TARGET_FILE:dlop_mpi_bootstrap_tests> ${MPIEXEC_POSTFLAGS})
 add_test(NAME mpi_bootstrap_singleton COMMAND dlop_mpi_bootstrap_tests --dlop-self-init)
 set_tests_properties(mpi_bootstrap_3_ranks mpi_bootstrap_singleton PROPERTIES
-  ENVIRONMENT "${_dlop_mpi_test_env}" TIMEOUT 120)
+  ENVIRONMENT "${_dlop_mpi_test_env}" TIMEOUT 120 LABELS transport)

@@ -3,7 +3,7 @@
 // device's pinned-memory allocator): one code path for CUDA, ROCm, XPU and
 // any PrivateUse1 device, the project's test accelerator included.
 //
-// A call on device tensors (process_group_device.cpp) goes:
+// A call on device tensors (staged_ops.cpp) goes:
 //   1. an event on the caller's current stream; the process's copy-out stream
 //      for the device waits on it, so the copies see the caller's earlier work;
 //   2. device-to-host copies into pinned buffers on that stream, and an event

@@ -13,8 +13,9 @@
      algorithm's rounds are written without a bare number ("round r", "the
      first round"). C++ sources and the raw output under bench/results/ may
      number an algorithm's or a measurement loop's rounds.
-   - Markdown files: no helpers' builds or jobs, no "the lead's": a
-     measurement says what ran beside it, not whose it was.
+   - Markdown files: no person credited with the work that ran beside a
+     measurement (WHO below): a measurement says what ran beside it, not
+     whose it was.
 2. bench/results/ holds one folder per benchmark and nothing else but its
    README.md; a benchmark's folder holds one folder per run (and optionally
    its README.md). A run folder is named `<YYYY-MM-DD>-<short commit>` and

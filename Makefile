@@ -46,19 +46,22 @@ export VENV
 .DEFAULT_GOAL := help
 .NOTPARALLEL:
 .PHONY: help deps system venv configure build demo test test-cpp test-python \
-  test-asan test-tsan test-tsan-engine sanitize clean distclean
+  test-asan test-tsan test-tsan-engine sanitize check clean distclean
 
 help:
 	@echo 'dlop: make TARGET   (each target installs what is missing first)'
 	@echo
 	@echo '  demo         build, then run the main job on a built-in default (scripts/demo.sh)'
-	@echo '  test         build, then every test: C++ (ctest), Python (pytest), C++ under ASan+UBSan, the engine under TSan'
+	@echo '  test         set-up, build, then the C++ suites (ctest) and the Python suites (pytest); prints each stage'"'"'s time'
+	@echo '  sanitize     the C++ suites under ASan+UBSan, the engine under TSan (CI runs it after test)'
+	@echo '  check        the quick loop: incremental build, then the tests of the layers touched since HEAD'
+	@echo '               (T=scheduler: a layer; T=tests/python/x.py or T="-R Regex": pytest or ctest arguments)'
 	@echo '  build        install what is missing, configure and build in $(BUILD)/, install the executables into $(VENV)/bin'
 	@echo '  test-cpp     the C++ GoogleTest suites (ctest in $(BUILD)/)'
 	@echo '  test-python  the pytest suites in tests/python'
 	@echo '  test-asan    the C++ suites built with -DDLOP_SANITIZE=address,undefined in $(BUILD_ASAN)/'
 	@echo '  test-tsan    the C++ suites built with -DDLOP_SANITIZE=thread in $(BUILD_TSAN)/'
-	@echo '  sanitize     test-asan and test-tsan'
+	@echo '  test-tsan-engine  the engine'"'"'s suites under TSan (what sanitize runs of TSan)'
 	@echo '  deps         only install what is missing: Debian packages, $(VENV), dlop editable'
 	@echo '  clean        remove the build folders (not $(VENV))'
 	@echo '  distclean    clean, and remove $(VENV) and .stamps/'
@@ -106,7 +109,18 @@ demo: build
 
 # ---- tests -------------------------------------------------------------------
 
-test: test-cpp test-python test-asan test-tsan-engine
+# Stages in order, each one's time printed at the end (scripts/stages.sh).
+test:
+	@scripts/stages.sh test "set-up:$(MAKE) --no-print-directory deps" "build:$(MAKE) --no-print-directory build" \
+	  "C++ tests:$(MAKE) --no-print-directory test-cpp" "Python tests:$(MAKE) --no-print-directory test-python"
+
+sanitize:
+	@scripts/stages.sh sanitize "ASan+UBSan:$(MAKE) --no-print-directory test-asan" \
+	  "TSan (engine):$(MAKE) --no-print-directory test-tsan-engine"
+
+T ?=
+check: build
+	@scripts/check.sh $(T)
 
 test-cpp: build
 	$(CTEST_RUN) $(BUILD)
@@ -133,7 +147,6 @@ test-tsan-engine: deps
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath|ReadyEvent)\.|/(InlinePathRanks|ShmEngineKill)\.'
 
-sanitize: test-asan test-tsan
 
 # ---- cleaning ----------------------------------------------------------------
 

@@ -155,11 +155,12 @@ InternalStreams internal_streams(c10::Device device) {
 
 std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes) {
   static std::mutex mutex;
-  static std::map<c10::DeviceType, std::unique_ptr<PinnedPool>> pools;
+  // Never destroyed: a lease dropped during exit still returns to its pool.
+  static auto* pools = new std::map<c10::DeviceType, std::unique_ptr<PinnedPool>>();
   PinnedPool* pool = nullptr;
   {
     std::lock_guard lock(mutex);
-    auto& slot = pools[type];
+    auto& slot = (*pools)[type];
     if (!slot) slot = std::make_unique<PinnedPool>(type);
     pool = slot.get();
   }

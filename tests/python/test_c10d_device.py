@@ -225,6 +225,8 @@ def rank_output_ordering(ctx, how: str) -> list[str]:
     work = dist.all_reduce(t, async_op=True)
     if how == "wait":
         work.wait()
+    elif how == "synchronize":
+        work.synchronize()
     else:
         work.get_future().wait()
     doubled = t * 2  # computed on the host once the current stream is idle
@@ -241,7 +243,7 @@ def test_op_waits_for_the_callers_stream(cluster):
 
 
 @needs_test_device
-@pytest.mark.parametrize("how", ["wait", "future"])
+@pytest.mark.parametrize("how", ["wait", "synchronize", "future"])
 def test_callers_stream_waits_for_the_op(cluster, how):
     check(cluster, rank_output_ordering, how)
 

@@ -330,9 +330,9 @@ def test_a_dataset_defined_in_a_scripts_main_travels_by_value(daemons, tmp_path)
 def test_a_gpu_device_without_cuda_is_refused_by_name():
     if torch.cuda.is_available():
         pytest.skip("this torch sees a GPU: test_batches_arrive_on_the_gpu covers it")
-    with pytest.raises(ValueError, match="device cuda asked for, but this torch sees no CUDA device"):
+    with pytest.raises(ValueError, match="device cuda asked for, but this torch has no usable cuda device"):
         OffloadLoader(dataset=Mixed(), batch_size=4, device="cuda")
-    with pytest.raises(ValueError, match="neither the CPU nor a CUDA device"):
+    with pytest.raises(ValueError, match="device meta asked for, but this torch has no usable meta device"):
         OffloadLoader(dataset=Mixed(), batch_size=4, device="meta")
 
 

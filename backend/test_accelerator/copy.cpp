@@ -62,6 +62,17 @@ at::Tensor on_host(const at::Tensor& t) {
       .make_tensor();
 }
 
+// A CPU view of t's memory made here, for a queued copy to hold: never the
+// caller's own tensor, whose last reference dropped on the stream's thread
+// would take Python's lock to release its Python object, and deadlock with a
+// caller that waits for the stream holding it (Work.synchronize() does).
+at::Tensor host_alias(const at::Tensor& t) {
+  return at::for_blob(t.data_ptr(), t.sizes())
+      .strides(t.strides())
+      .options(t.options().device(at::kCPU))
+      .make_tensor();
+}
+
 bool HostCopyScope::active() {
   return tls_host_copies;
 }
@@ -112,7 +123,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     src_ready.block(stream);
   }
 
-  const auto position = w.enqueue(QueuedCopy{on_host(src), on_host(dst), {src.storage(), dst.storage()}, timing()});
+  const auto position =
+      w.enqueue(QueuedCopy{host_alias(src), host_alias(dst), {src.storage(), dst.storage()}, timing()});
 
   if (other) {
     Event copied;

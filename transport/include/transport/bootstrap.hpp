@@ -16,6 +16,8 @@ namespace dlop::transport {
 class Bootstrap {
  public:
   // Keys are namespaced by prefix so that several groups can share one store.
+  // A store that outlives an attempt of the job (torchrun's) needs a prefix
+  // of that attempt's own: agree_session (session.hpp) makes one.
   Bootstrap(std::shared_ptr<Store> store, int rank, int size, std::string prefix = "dlop");
   virtual ~Bootstrap() = default;
   Bootstrap(const Bootstrap&) = delete;

@@ -70,7 +70,9 @@ void bind_backend(py::module_& m) {
           "gradients_in_flight",
           [](backend::ProcessGroupDlop& pg) { return pg.communicator().data_credits()->gradients_in_flight(); },
           "collectives (dlop's own and delegated ones) the engine's data credits count as in flight")
-      .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); });
+      .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); })
+      .def_property_readonly("store_namespace", &backend::ProcessGroupDlop::store_namespace,
+                             "this attempt's namespace of the group's store: \"dlop/<session id>\"");
   // Known to pybind11 so that a returned Work is found by its own type at
   // once: an unknown subclass of c10d::Work costs every call two failed type
   // look-ups (each hashing the mangled name) before the fallback to the base.

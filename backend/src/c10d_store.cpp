@@ -1,5 +1,7 @@
 #include "c10d_store.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 
 namespace dlop::backend {
@@ -8,7 +10,8 @@ void C10dStore::set(const std::string& key, const transport::Bytes& value) { sto
 
 transport::Bytes C10dStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   try {
-    store_->wait({key}, timeout);
+    // A zero timeout would be no limit at all to some c10d stores.
+    store_->wait({key}, std::max(timeout, std::chrono::milliseconds(1)));
   } catch (const c10::Error& e) {
     // c10d reports a timeout as DistStoreError; the engine expects its own code
     // so that it can name the ranks that did not arrive.

@@ -13,6 +13,7 @@
 #include "device_staging.hpp"
 #include "staged_ops.hpp"
 #include "tensor_args.hpp"
+#include "transport/session.hpp"
 #include "backend/work_dlop.hpp"
 #include "world_registry.hpp"
 
@@ -35,10 +36,12 @@ ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store,
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "dlop: rank ", rank, " of a group of ", size);
   TORCH_CHECK_VALUE(global_ranks.empty() || global_ranks.size() == static_cast<std::size_t>(size), "dlop: group of ",
                     size, " ranks with ", global_ranks.size(), " global ranks");
-  bootstrap_ = std::make_shared<transport::Bootstrap>(std::make_shared<C10dStore>(store), rank, size, "dlop");
+  auto wire_store = std::make_shared<C10dStore>(store);
   sched::Communicator::Options options;
   options.timeout = timeout;
   try {
+    namespace_ = "dlop/" + transport::agree_session(*wire_store, "dlop", rank, size, timeout);
+    bootstrap_ = std::make_shared<transport::Bootstrap>(wire_store, rank, size, namespace_);
     auto group = make_group_communicator(bootstrap_, global_ranks, options);
     engine_bootstrap_ = std::move(group.engine_bootstrap);
     comm_ = std::move(group.comm);
@@ -46,7 +49,8 @@ ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store,
     std::rethrow_exception(to_torch_error(std::current_exception()));
   }
   completions_ = shared_completion_queue();
-  faults_ = group_fault_channel(global_ranks.empty() ? store : c10::intrusive_ptr<c10d::Store>(), rank);
+  faults_ = group_fault_channel(global_ranks.empty() ? store : c10::intrusive_ptr<c10d::Store>(), rank,
+                                namespace_ + "/peer_dead");
   if (faults_) faults_->watch(comm_);
   log().debug("process group '{}': rank {} of {}, {} host(s)", group_name_, rank, size, comm_->hosts());
 }

@@ -18,8 +18,6 @@ std::weak_ptr<transport::Bootstrap> default_bootstrap;
 std::weak_ptr<CompletionQueue> completion_queue;
 std::weak_ptr<FaultChannel> fault_channel;
 
-constexpr const char* kPeerDeadKey = "dlop_peer_dead";
-
 }  // namespace
 
 // Shared by the channel and its poller.
@@ -27,6 +25,7 @@ struct FaultChannel::State {
   c10::intrusive_ptr<c10d::Store> store;  // the group's, for report()
   c10::intrusive_ptr<c10d::Store> polled;  // the poller's own connection where the store can clone one
   int rank = 0;
+  std::string key;  // where reports go
   std::chrono::milliseconds every{200};
   std::mutex mutex;
   std::condition_variable wake;
@@ -43,8 +42,8 @@ struct FaultChannel::State {
       std::string notice;
       bool failed = false;
       try {
-        if (polled->check({kPeerDeadKey})) {
-          const auto bytes = polled->get(kPeerDeadKey);
+        if (polled->check({key})) {
+          const auto bytes = polled->get(key);
           notice.assign(bytes.begin(), bytes.end());
         }
       } catch (const std::exception& e) {
@@ -83,9 +82,11 @@ void stop_fault_channel_at_exit() {
 
 }  // namespace
 
-FaultChannel::FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank) : state_(std::make_shared<State>()) {
+FaultChannel::FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank, std::string key)
+    : state_(std::make_shared<State>()) {
   state_->store = std::move(store);
   state_->rank = rank;
+  state_->key = std::move(key);
   state_->every = std::max(config().watchdog, std::chrono::milliseconds(100)) * 2;
   try {
     state_->polled = state_->store->clone();
@@ -116,7 +117,7 @@ void FaultChannel::report(const std::string& what) {
   }
   const std::string notice = fmt::format("rank {} reported a dead peer: {}", state_->rank, what);
   try {
-    state_->store->set(kPeerDeadKey, std::vector<std::uint8_t>(notice.begin(), notice.end()));
+    state_->store->set(state_->key, std::vector<std::uint8_t>(notice.begin(), notice.end()));
   } catch (const std::exception& e) {
     log().debug("rank {}: could not report a dead peer through the store: {}", state_->rank, e.what());
   }
@@ -127,12 +128,13 @@ void FaultChannel::watch(const std::shared_ptr<sched::Communicator>& comm) {
   if (!state_->done) state_->watched.push_back(comm);
 }
 
-std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank) {
+std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank,
+                                                  const std::string& key) {
   std::lock_guard lock(registry_mutex);
   if (default_store) {
     static const bool registered = std::atexit(stop_fault_channel_at_exit) == 0;
     if (!registered) log().warn("rank {}: could not register the fault channel's exit hook", rank);
-    auto channel = std::make_shared<FaultChannel>(default_store, rank);
+    auto channel = std::make_shared<FaultChannel>(default_store, rank, key);
     fault_channel = channel;
     return channel;
   }

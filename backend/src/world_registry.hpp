@@ -49,7 +49,9 @@ class FaultChannel {
   struct State;
   // Polls `store` (the default group's) from a thread this channel owns, over
   // a connection of its own (store->clone()) where the store can make one.
-  explicit FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank);
+  // Reports go to `key`, under this attempt's namespace of the store: a
+  // report of an earlier attempt must not abort this one.
+  FaultChannel(c10::intrusive_ptr<c10d::Store> store, int rank, std::string key);
   // Stops the poller and joins it. A poll in flight finishes first: a round
   // trip to the store, or an error at once if the store's host rank exited;
   // a store whose host vanished from the network holds it for up to the
@@ -72,7 +74,9 @@ class FaultChannel {
 };
 
 // The live default group's channel; null when there is none. default_store:
-// for the default group itself (makes the channel), else null.
-std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank);
+// for the default group itself (makes the channel, reporting under key), else
+// null.
+std::shared_ptr<FaultChannel> group_fault_channel(const c10::intrusive_ptr<c10d::Store>& default_store, int rank,
+                                                  const std::string& key);
 
 }  // namespace dlop::backend

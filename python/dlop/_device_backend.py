@@ -10,7 +10,9 @@ setting); accelerator tensors it does not serve are then refused.
 
 The delegate is made here, in Python, for the same store, ranks and timeout,
 so that dlop itself needs no device library's headers. The engine still
-counts each delegated call as gradient traffic for its data credits.
+counts each delegated call as gradient traffic for its data credits. Its keys
+go under the dlop group's namespace of this attempt (``pg.store_namespace``),
+so that a restarted job never reads what an earlier attempt left in the store.
 """
 
 from __future__ import annotations
@@ -88,17 +90,17 @@ def attach_device_backend(pg, dist_options) -> None:
     name = choice()
     if name == "staged":
         return
+    store = dist.PrefixStore(pg.store_namespace + "/", dist_options.store)
     if name == "auto":
         native = _native()
         if native is None:
             return
         device_type, name = native
-        if not _each_rank_has_own_device(dist_options.store, dist_options.group_rank, dist_options.group_size,
-                                         device_type):
+        if not _each_rank_has_own_device(store, dist_options.group_rank, dist_options.group_size, device_type):
             return
-        pg.set_device_backend(_make(name, dist_options.store, dist_options), name, [device_type], True)
+        pg.set_device_backend(_make(name, store, dist_options), name, [device_type], True)
         return
     served = dist.Backend.backend_capability.get(name)
     if served is None:
         raise ValueError(f"{ENV}={name!r}: not a torch.distributed backend (use auto, staged, nccl, gloo, ...)")
-    pg.set_device_backend(_make(name, dist_options.store, dist_options), name, list(served), False)
+    pg.set_device_backend(_make(name, store, dist_options), name, list(served), False)

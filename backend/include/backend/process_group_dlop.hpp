@@ -103,6 +103,10 @@ class ProcessGroupDlop : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return collectives_issued_.load(); }
 
   sched::Communicator& communicator() { return *comm_; }
+  // This attempt's namespace of the group's store, "dlop/<session id>"
+  // (transport/session.hpp): dlop's keys, and its delegate's, go under it so
+  // that nothing an earlier attempt left in a long-lived store is read.
+  const std::string& store_namespace() const { return namespace_; }
 
   // Hands the calls on tensors of `device_types` to `delegate`, a backend
   // made for the same ranks (ProcessGroupNCCL for CUDA where each rank has
@@ -144,6 +148,7 @@ class ProcessGroupDlop : public c10d::Backend {
   std::atomic<uint64_t> collectives_issued_{0};
   std::chrono::milliseconds timeout_;
   std::string group_name_;
+  std::string namespace_;
   c10::intrusive_ptr<c10d::Backend> delegate_;  // set once, before the first call
   std::string delegate_name_;
   std::vector<c10::DeviceType> delegate_types_;

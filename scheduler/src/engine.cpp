@@ -19,6 +19,7 @@
 #include "core/trace.hpp"
 #include "core/wait_policy.hpp"
 #include "signature_check.hpp"
+#include "transport/shm_segment.hpp"
 
 namespace dlop::sched {
 namespace {
@@ -100,6 +101,9 @@ Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Schedulin
       overrides_(coll::AlgorithmOverrides::parse(config().algo)),
       check_signatures_(check_signatures),
       scheduling_(scheduling) {
+  // Whatever killed processes of earlier jobs left in /dev/shm (segments
+  // whose creator is dead) goes now, not only when this host next makes one.
+  transport::ShmSegment::remove_stale_segments();
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw_errno("eventfd");
   const std::vector<std::vector<int>> cpus = local_ranks_cpus(bootstrap, *mesh_);

@@ -7,7 +7,8 @@
 // (magic, version, sizes, the creator's ProcessId and a "ready" flag set last
 // with release ordering); the user area follows, cache-line aligned. Segments
 // left behind by a creator that died before unlinking are found by their dead
-// creator and removed by the next create() on the host.
+// creator and removed by the next create() on the host (and by each engine as
+// it starts, scheduler/src/engine.cpp).
 #pragma once
 
 #include <sys/types.h>

@@ -13,8 +13,9 @@ Their lifetime is bound to `dlop run`'s process three ways:
   reaches the training command but not the daemons it is still using.
 
 The token is fresh per `dlop run` (secrets.token_hex), in a file of mode 0600
-inside a private temporary folder that is removed at the end (not after a
-SIGKILL: the kernel runs no code of ours then).
+inside a private temporary folder (``dlop-run-<pid>-*``) that is removed at
+the end; after a SIGKILL, which runs no code of ours, the next `dlop run` on
+the host removes it (only folders of this user whose `dlop run` is dead).
 """
 
 from __future__ import annotations
@@ -69,6 +70,30 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def _started_at(pid: int) -> str | None:
+    """The start time of process pid (field 22 of /proc/<pid>/stat), None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def remove_stale_folders() -> list[Path]:
+    """Removes the token folders that SIGKILLed `dlop run`s of this user left; the ones removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob("dlop-run-*-*"):
+        parts = folder.name.split("-")
+        try:
+            pid, started, owner = int(parts[2]), parts[3], folder.lstat().st_uid
+        except (ValueError, IndexError, OSError):
+            continue
+        if owner == os.getuid() and folder.is_dir() and _started_at(pid) != started:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class LocalOffloaders:
     """`count` dlop-offloader daemons on 127.0.0.1 with a fresh shared token.
 
@@ -77,7 +102,10 @@ class LocalOffloaders:
     def __init__(self, count: int, threads: int = 1, start_timeout: float = 30.0) -> None:
         if count < 1:
             raise SystemExit(f"dlop run: --local-offloaders {count}: at least 1")
-        self.folder = Path(tempfile.mkdtemp(prefix="dlop-run-"))  # mode 0700
+        remove_stale_folders()
+        # Named after this process (pid and start time), so that the next `dlop run` knows when it is stale.
+        me = os.getpid()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"dlop-run-{me}-{_started_at(me)}-"))  # mode 0700
         self.token_file = self.folder / "token"
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -30,6 +30,18 @@ Tensors outputs_of(DeviceCall& call, const Tensors& tensors, CopyBack& copy_back
   return host;
 }
 
+TensorLists to_host(DeviceCall& call, const TensorLists& lists) {
+  TensorLists host;
+  for (const auto& list : lists) host.push_back(to_host(call, list));
+  return host;
+}
+
+TensorLists outputs_of(DeviceCall& call, const TensorLists& lists, CopyBack& copy_back) {
+  TensorLists host;
+  for (const auto& list : lists) host.push_back(outputs_of(call, list, copy_back));
+  return host;
+}
+
 // Inputs that are also outputs (in-place collectives).
 Tensors in_out(DeviceCall& call, const Tensors& tensors, CopyBack& copy_back) {
   Tensors host = to_host(call, tensors);
@@ -143,8 +155,7 @@ WorkPtr allgather(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs
   DeviceCall call(device);
   CopyBack copy_back;
   auto host_in = to_host(call, inputs);
-  TensorLists host_out;
-  for (const auto& list : outputs) host_out.push_back(outputs_of(call, list, copy_back));
+  auto host_out = outputs_of(call, outputs, copy_back);
   return one_step(pg, c10d::OpType::ALLGATHER, call, flatten(outputs), std::move(copy_back), false,
                   [&] { return pg.allgather(host_out, host_in, opts); });
 }
@@ -164,8 +175,7 @@ WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorList
   DeviceCall call(device);
   CopyBack copy_back;
   auto host_in = to_host(call, inputs);
-  TensorLists host_out;
-  for (const auto& list : outputs) host_out.push_back(outputs_of(call, list, copy_back));
+  auto host_out = outputs_of(call, outputs, copy_back);
   return one_step(pg, c10d::OpType::ALLGATHER_COALESCED, call, flatten(outputs), std::move(copy_back), true,
                   [&] { return pg.allgather_coalesced(host_out, host_in, opts); });
 }
@@ -185,8 +195,7 @@ WorkPtr gather(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, T
   DeviceCall call(device);
   CopyBack copy_back;
   auto host_in = to_host(call, inputs);
-  TensorLists host_out;
-  for (const auto& list : outputs) host_out.push_back(outputs_of(call, list, copy_back));
+  auto host_out = outputs_of(call, outputs, copy_back);
   return one_step(pg, c10d::OpType::GATHER, call, flatten(outputs), std::move(copy_back), false,
                   [&] { return pg.gather(host_out, host_in, opts); });
 }
@@ -195,8 +204,7 @@ WorkPtr scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tens
                 const c10d::ScatterOptions& opts) {
   DeviceCall call(device);
   CopyBack copy_back;
-  TensorLists host_in;
-  for (const auto& list : inputs) host_in.push_back(to_host(call, list));
+  auto host_in = to_host(call, inputs);
   auto host_out = outputs_of(call, outputs, copy_back);
   return one_step(pg, c10d::OpType::SCATTER, call, outputs, std::move(copy_back), true,
                   [&] { return pg.scatter(host_out, host_in, opts); });
@@ -206,8 +214,7 @@ WorkPtr reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& output
                        const c10d::ReduceScatterOptions& opts) {
   DeviceCall call(device);
   CopyBack copy_back;
-  TensorLists host_in;
-  for (const auto& list : inputs) host_in.push_back(to_host(call, list));
+  auto host_in = to_host(call, inputs);
   auto host_out = outputs_of(call, outputs, copy_back);
   return one_step(pg, c10d::OpType::REDUCE_SCATTER, call, outputs, std::move(copy_back), true,
                   [&] { return pg.reduce_scatter(host_out, host_in, opts); });

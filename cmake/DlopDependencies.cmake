@@ -17,6 +17,9 @@ find_package(Threads REQUIRED)
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
+# Video clips (FFmpeg) and audio (libsndfile, soxr, kissfft) for offload/.
+pkg_check_modules(FFMPEG REQUIRED IMPORTED_TARGET libavformat libavcodec libavutil libswscale)
+pkg_check_modules(AUDIO REQUIRED IMPORTED_TARGET sndfile soxr kissfft-float)
 # dlop-offloader's control connection: HMAC-SHA256 and nonces (libcrypto).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 

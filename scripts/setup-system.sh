@@ -19,6 +19,10 @@ PACKAGES=(
   # dlop-offloader: libcrypto (HMAC-SHA256); clang and its runtimes (libFuzzer,
   # ASan; only recommended by clang, so not pulled in) for the protocol's fuzzer.
   libssl-dev clang libclang-rt-14-dev
+  # offload/: video (FFmpeg's libraries) and audio (libsndfile, soxr, kissfft);
+  # ffmpeg and espeak-ng make the built-in synthetic video and speech sets.
+  libavformat-dev libavcodec-dev libavutil-dev libswscale-dev ffmpeg
+  libsndfile1-dev libsoxr-dev libkissfft-dev espeak-ng
   # ip and tc: the tests' hosts as network namespaces joined by veth and a bridge.
   iproute2
   python3-venv

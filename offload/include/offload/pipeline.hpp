@@ -1,5 +1,5 @@
-// Runs a TransformSpec: one sample's encoded bytes to a CHW tensor, or a
-// batch of a Source's samples into one N x C x H x W buffer with labels.
+// The image batch maker: runs a TransformSpec on one sample's encoded bytes
+// (a CHW tensor), or on a batch of a Source's samples (N x C x H x W).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "offload/batch_maker.hpp"
 #include "offload/image.hpp"
 #include "offload/random.hpp"
 #include "offload/source.hpp"
@@ -35,59 +36,19 @@ struct Tensor {
   std::vector<std::byte> data;  // shape.elements() values of dtype
 };
 
-struct SkippedSample {
-  std::uint64_t index;
-  std::string reason;  // the SampleError's message
-};
-
-// Wall seconds spent per stage, summed over the samples of a batch (and so
-// over its threads): for the per-stage throughput a daemon reports.
-struct StageTimes {
-  double read = 0;     // Source::read
-  double decode = 0;   // JPEG/PNG to RGB
-  double augment = 0;  // the ops
-  double collate = 0;  // CHW layout into the batch buffer
-  StageTimes& operator+=(const StageTimes& o) {
-    read += o.read;
-    decode += o.decode;
-    augment += o.augment;
-    collate += o.collate;
-    return *this;
-  }
-};
-
-struct BatchResult {
-  std::size_t count = 0;  // samples written (at the front of the buffers, in order)
-  std::vector<SkippedSample> skipped;
-  StageTimes seconds;
-};
-
-// A fixed set of threads that run parallel loops; the calling thread works
-// too, so WorkerPool(1) has no extra thread.
-class WorkerPool {
- public:
-  explicit WorkerPool(std::size_t threads);
-  ~WorkerPool();
-  WorkerPool(const WorkerPool&) = delete;
-  WorkerPool& operator=(const WorkerPool&) = delete;
-  std::size_t threads() const;
-  // Runs fn(i, worker) for i in 0 .. n-1, each once, spread over the threads;
-  // worker (< threads()) tells which thread runs it, for per-thread scratch.
-  // Returns when all are done, rethrowing the first exception thrown (the
-  // other items still run). One loop at a time.
-  void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-class Pipeline {
+class Pipeline final : public BatchMaker {
  public:
   explicit Pipeline(TransformSpec spec);  // validates
   static Pipeline from_json(std::string_view json) { return Pipeline(TransformSpec::from_json(json)); }
 
   const TransformSpec& spec() const { return spec_; }
+  std::string_view kind() const override { return "image"; }
+  ErrorPolicy on_error() const override { return spec_.on_error; }
+  std::string to_json() const override { return spec_.to_json(); }
+  // {3, H, W} of fixed_shape(); throws when the ops do not end in a fixed size.
+  SampleLayout layout(const Source& source) const override;
+  BatchResult run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+                        std::uint64_t epoch, const BatchOut& out, WorkerPool* pool) const override;
   std::size_t element_size() const { return spec_.output == OutputType::kUint8 ? 1 : 4; }
   // The output shape when it does not depend on the input (the last sizing op
   // is a random_resized_crop, a center_crop or a resize to {h, w}).

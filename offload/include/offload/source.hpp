@@ -1,5 +1,6 @@
-// Where samples come from: an image folder tree (torchvision's ImageFolder
-// layout) or a packed record file written from one.
+// Where samples come from: a folder tree by class (torchvision's ImageFolder
+// layout, for images, videos or audio), a manifest of files with labels, or a
+// packed record file written from either.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,17 @@
 #include <vector>
 
 namespace dlop::offload {
+
+// What a source's files are: it decides which file names a folder keeps.
+enum class MediaKind { kImage, kVideo, kAudio };
+
+// The part of a media file a sample is taken from, in seconds (a manifest's
+// start and end columns); end < 0 means to the end of the file.
+struct TimeSpan {
+  double start = 0;
+  double end = -1;
+  bool operator==(const TimeSpan&) const = default;
+};
 
 // A read-only, indexed collection of encoded samples with integer labels.
 // All methods are const and thread-safe.
@@ -26,6 +38,18 @@ class Source {
   // owns (valid while it lives). Throws SampleError when they cannot be read
   // (missing file, checksum mismatch) and dlop::Error for i >= size().
   virtual std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const = 0;
+
+  // A multi-label source (a manifest with several labels on a line) lists
+  // every class of a sample in labels(i); label(i) is then the first.
+  virtual bool multi_label() const { return false; }
+  virtual std::vector<std::int64_t> labels(std::size_t i) const { return {label(i)}; }
+  virtual TimeSpan time_span(std::size_t /*i*/) const { return {}; }
+  // What was computed from sample i's bytes when the source was packed (a
+  // video's frame index), so readers need not compute it again; empty when
+  // the source has none. Same storage rules as read().
+  virtual std::span<const std::uint8_t> sidecar(std::size_t /*i*/, std::vector<std::uint8_t>& /*scratch*/) const {
+    return {};
+  }
 };
 
 // torchvision's ImageFolder: classes are the sorted names of root's

@@ -86,74 +86,43 @@ Tensor Pipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key
   return t;
 }
 
-BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
-                                std::uint64_t epoch, std::span<std::byte> images, std::span<std::int64_t> labels,
-                                WorkerPool* pool) const {
+SampleLayout Pipeline::layout(const Source& /*source*/) const {
   const std::optional<Shape> shape = fixed_shape();
   if (!shape) {
     throw_error(Errc::kInvalidArgument,
                 "run_batch: samples of a batch need one size: end the ops with random_resized_crop, center_crop "
                 "or resize to [height, width]");
   }
-  const std::size_t sample_bytes = shape->elements() * element_size();
-  if (images.size() < indices.size() * sample_bytes || labels.size() < indices.size()) {
-    throw_error(Errc::kInvalidArgument,
-                fmt::format("run_batch: buffers too small for {} samples of {} bytes ({} bytes, {} labels given)",
-                            indices.size(), sample_bytes, images.size(), labels.size()));
-  }
-  for (const std::uint64_t index : indices) {
-    if (index >= source.size()) {
-      throw_error(Errc::kInvalidArgument,
-                  fmt::format("run_batch: index {} out of range (the source has {} samples)", index, source.size()));
-    }
-  }
+  return SampleLayout{{3, static_cast<std::uint32_t>(shape->height), static_cast<std::uint32_t>(shape->width)},
+                      spec_.output};
+}
 
-  std::vector<std::exception_ptr> failures(indices.size());
-  const auto one = [&](std::size_t k, Scratch& scratch) {
-    const std::uint64_t index = indices[k];
-    try {
-      const auto start = Clock::now();
-      const auto bytes = source.read(index, scratch.bytes);
-      scratch.times.read += seconds(Clock::now() - start);
-      // The name is only needed in a message: it is looked up on failure.
-      const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, scratch);
-      const auto transformed = Clock::now();
-      emit(image, images.data() + k * sample_bytes);
-      labels[k] = source.label(index);
-      scratch.times.collate += seconds(Clock::now() - transformed);
-    } catch (const SampleError& e) {
-      failures[k] = e.sample().empty() ? std::make_exception_ptr(SampleError(source.name(index), e.reason()))
-                                       : std::current_exception();
-    }
-  };
-  BatchResult result;
-  if (pool == nullptr || pool->threads() == 1 || indices.size() < 2) {
-    Scratch scratch;
-    for (std::size_t k = 0; k < indices.size(); ++k) one(k, scratch);
-    result.seconds = scratch.times;
-  } else {
-    std::vector<Scratch> scratch(pool->threads());
-    pool->parallel_for(indices.size(), [&](std::size_t k, std::size_t worker) { one(k, scratch[worker]); });
-    for (const Scratch& s : scratch) result.seconds += s.times;
-  }
+BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+                                std::uint64_t epoch, const BatchOut& out, WorkerPool* pool) const {
+  const SampleLayout shape = layout(source);
+  const std::size_t sample_bytes = shape.sample_bytes();
+  std::vector<Scratch> scratch(pool != nullptr ? pool->threads() : 1);
+  return run_samples(source, indices, shape, out, spec_.on_error, pool,
+                     [&](std::size_t k, std::size_t worker, StageTimes& times) {
+                       Scratch& s = scratch[worker];
+                       const std::uint64_t index = indices[k];
+                       const auto start = Clock::now();
+                       const auto bytes = source.read(index, s.bytes);
+                       s.times = {};
+                       s.times.read = seconds(Clock::now() - start);
+                       const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, s);
+                       const auto transformed = Clock::now();
+                       emit(image, out.samples.data() + k * sample_bytes);
+                       out.labels[k] = source.label(index);
+                       s.times.collate += seconds(Clock::now() - transformed);
+                       times += s.times;
+                     });
+}
 
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    if (!failures[k]) {
-      if (result.count != k) {
-        std::memmove(images.data() + result.count * sample_bytes, images.data() + k * sample_bytes, sample_bytes);
-        labels[result.count] = labels[k];
-      }
-      ++result.count;
-      continue;
-    }
-    if (spec_.on_error == ErrorPolicy::kRaise) std::rethrow_exception(failures[k]);
-    try {
-      std::rethrow_exception(failures[k]);
-    } catch (const SampleError& e) {
-      result.skipped.push_back(SkippedSample{indices[k], e.what()});
-    }
-  }
-  return result;
+BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+                                std::uint64_t epoch, std::span<std::byte> images, std::span<std::int64_t> labels,
+                                WorkerPool* pool) const {
+  return run_batch(source, indices, seed, epoch, BatchOut{images, labels, {}}, pool);
 }
 
 }  // namespace dlop::offload

@@ -5,7 +5,8 @@
     dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --discover] [--token-file F] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
     dlop offloader-stats HOST:PORT --token-file F [--json]
-    dlop report linearity --ranks 1,2,4 --out DIR [...]      (python -m dlop.bench.linearity)
+    dlop report linearity --out DIR [--layouts 2x1,2x2 --rates 1gbit --link-gbps 25 --ranks-per-host 8 ...]
+                                                             (python -m dlop.bench.linearity)
     dlop report FILE.json... [--plots DIR] [--out FILE.md]   (python -m dlop.bench.report)
 
 Each sub-command is a module with its own main (python -m dlop.data.make_dataset

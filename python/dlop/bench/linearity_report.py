@@ -1,8 +1,8 @@
-"""The linearity report: measured rows, the scaling model's checks and predictions, as markdown, JSON and PNGs.
+"""The linearity report: calibrated terms, predicted against measured, and predictions, as markdown and JSON.
 
-``build`` turns the rows of ``dlop.bench.ddp`` runs (one per rank count) into
-the report's numbers; ``write`` renders them. Every figure in the markdown is
-in the JSON too (the tests parse both).
+``build`` turns the measurements of ``dlop.bench.linearity`` into the
+report's numbers; ``markdown`` and ``linearity_plots`` render them. Every
+figure in the markdown is in the JSON too (the tests parse both).
 """
 
 from __future__ import annotations
@@ -10,352 +10,254 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass
 
+from dlop.bench import _common
 from dlop.bench import scaling_model as sm
 
-PLOT_INCHES = (11.0, 4.5)
-PLOT_DPI = 110
-PLOTS = ("throughput.png", "linearity.png", "speedup_scatter.png", "predicted.png")
-BASELINE = "none"  # ddp's backend name for the model alone (no DDP)
+TARGET_LINEARITY = 0.05  # the largest |predicted - measured| linearity the model is meant to reach
+BACKENDS = ("dlop", "gloo")
 
 
 @dataclass
-class ModelSettings:
+class Settings:
+    """The predictions' assumptions (the checks use what was measured)."""
+
     link_gbps: list[float]
-    link_latency_us: float
-    intra_latency_us: float
+    latency_us: float
     ranks_per_host: int
+    cores_per_rank: float
     predict: list[int]
     bucket_bytes: float
-    intra_gbps: float | None = None  # the predictions' intra-host link; None: dlop's fitted one
+    step_ms: float | None = None
 
 
-def read_measured(path: str) -> tuple[dict, list[dict]]:
-    """A linearity.json's header and measured rows (to report again without running)."""
+def read_measured(path: str) -> tuple[dict, dict]:
+    """A linearity.json's header and measurements (to report again without running)."""
     with open(path) as f:
         data = json.load(f)
-    if "measured" not in data:
-        raise SystemExit(f"{path} is not a linearity report's JSON (no 'measured' rows)")
-    return data["header"], data["measured"]
+    if "measurements" not in data:
+        raise SystemExit(f"{path} is not a linearity report's JSON (no 'measurements')")
+    return data["header"], data["measurements"]
 
 
-def _rate_gbps(rate: str | None) -> float | None:
-    """tc's rate ('10gbit', '500mbit') in Gbit/s; None when unset or not in that form."""
-    match = re.fullmatch(r"([0-9.]+)\s*([kmg]?)bit", (rate or "").strip().lower())
-    if not match:
-        return None
-    return float(match.group(1)) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0}[match.group(2)]
+# --- terms ----------------------------------------------------------------
+
+# key: (what it is, the benchmark that measured it)
+SOURCES = {
+    "intra_gbps": ("intra-host link bandwidth (Gbit/s)", "2-rank all-reduce on this host"),
+    "intra_latency_us": ("intra-host link latency (us)", "2-rank all-reduce on this host"),
+    "net_gbps": ("network bandwidth (Gbit/s)", "dlop-bench p2p between 2 namespace hosts, 2 MiB"),
+    "net_latency_us": ("network latency (us)", "dlop-bench p2p between 2 namespace hosts, 8 B ping-pong"),
+    "compute_s": ("compute per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
+    "compute_cpu_s": ("compute CPU per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
+    "backward_share": ("backward's share of compute (overlap window)", "model alone, backward timed apart"),
+    "overhead_s": ("DDP overhead per step (s)", "dlop.bench.ddp, 1 rank, DDP less the model alone"),
+    "backend_cpu_s": ("backend CPU per rank and step (s)", "dlop.bench.ddp, 2 ranks, CPU beyond the model alone's"),
+}
 
 
-def measured_rows(header: dict, rows: list[dict]) -> list[dict]:
-    """The rows with linearity, the ideal throughput, dlop's speed-ups and oversubscription filled in."""
+def term_runs(calibration: list[dict], model: str, backend: str, rate: str | None) -> dict[str, list[float]]:
+    """Each term's value in every calibration run, for one model, backend and network rate (None: no network)."""
+    runs = {key: [] for key in SOURCES}
+    for c in calibration:
+        ddp = c["ddp"][model]
+        runs["intra_gbps"].append(c["intra"][backend]["gbps"])
+        runs["intra_latency_us"].append(c["intra"][backend]["latency_us"])
+        if rate is not None:
+            runs["net_gbps"].append(c["net"][rate]["gbps"])
+            runs["net_latency_us"].append(c["net"][rate]["latency_us"])
+        runs["compute_s"].append(ddp["compute_s"])
+        runs["compute_cpu_s"].append(ddp["compute_cpu_s"])
+        runs["backward_share"].append(c["split"][model]["backward_share"])
+        runs["overhead_s"].append(ddp["overhead_s"][backend])
+        runs["backend_cpu_s"].append(ddp["backend_cpu_s"][backend])
+    return {k: v for k, v in runs.items() if v}
+
+
+def make_terms(values: dict[str, float], gradient_bytes: float, net: sm.Link | None = None) -> sm.Terms:
+    intra = sm.Link(values["intra_gbps"], values["intra_latency_us"])
+    net = net or sm.Link(values["net_gbps"], values["net_latency_us"])
+    return sm.Terms(values["compute_s"], values["compute_cpu_s"], values["backward_share"], values["overhead_s"],
+                    values["backend_cpu_s"], gradient_bytes, intra, net)
+
+
+def with_band(runs: dict[str, list[float]], evaluate) -> tuple[float, float, float]:
+    """evaluate(values) at every term's median, and the lowest and highest it gives when each term in turn moves
+    to the smallest and the largest of its runs."""
+    medians = {k: _common.median(v) for k, v in runs.items()}
+    centre = evaluate(medians)
+    moved = [evaluate(dict(medians, **{k: bound(v)})) for k, v in runs.items() for bound in (min, max)]
+    return centre, min(moved + [centre]), max(moved + [centre])
+
+
+def dlop_algorithm(hosts: int, per_host: int) -> str:
+    """What dlop's tuning table picks for a DDP bucket: hierarchical when some host has several ranks."""
+    return "hierarchical" if hosts > 1 and per_host > 1 else "ring"
+
+
+# --- the report's numbers -------------------------------------------------
+
+
+def calibration_table(m: dict) -> list[dict]:
+    cal = m["calibration"]
+    models = sorted(cal[0]["ddp"])
+    out = []
+
+    def add(key, scope, values):
+        out.append({"term": key, "scope": scope, "runs": values, "median": _common.median(values),
+                    "min": min(values), "max": max(values)})
+
+    for backend in BACKENDS:
+        add("intra_gbps", backend, [c["intra"][backend]["gbps"] for c in cal])
+        add("intra_latency_us", backend, [c["intra"][backend]["latency_us"] for c in cal])
+    for rate in cal[0]["net"]:
+        add("net_gbps", rate, [c["net"][rate]["gbps"] for c in cal])
+        add("net_latency_us", rate, [c["net"][rate]["latency_us"] for c in cal])
+    for model in models:
+        add("compute_s", model, [c["ddp"][model]["compute_s"] for c in cal])
+        add("compute_cpu_s", model, [c["ddp"][model]["compute_cpu_s"] for c in cal])
+        add("backward_share", model, [c["split"][model]["backward_share"] for c in cal])
+        for backend in BACKENDS:
+            add("overhead_s", f"{model}, {backend}", [c["ddp"][model]["overhead_s"][backend] for c in cal])
+            add("backend_cpu_s", f"{model}, {backend}", [c["ddp"][model]["backend_cpu_s"][backend] for c in cal])
+    return out
+
+
+def allreduce_checks(m: dict, cores: int) -> list[dict]:
+    """Per rate, layout, column (dlop's ring or hierarchical, Gloo) and size: the median measured time against the
+    model's, with the links measured here."""
+    groups: dict[tuple, list[float]] = {}
+    for r in m["allreduce"]:
+        groups.setdefault((r["rate"], r["hosts"], r["per_host"], r["column"], r["bytes"]), []).append(r["time_us"])
+    out = []
+    for (rate, hosts, per_host, column, nbytes), times in sorted(groups.items()):
+        backend = "gloo" if column == "gloo" else "dlop"
+        runs = {k: v for k, v in term_runs(m["calibration"], _any_model(m), backend, rate).items()
+                if k.startswith(("intra", "net"))}
+        layout = sm.Layout(hosts, per_host, cores / (hosts * per_host))
+        algorithm = "ring" if column == "gloo" else column
+
+        def seconds(v, nbytes=nbytes, layout=layout, algorithm=algorithm):
+            return sm.allreduce_seconds(algorithm, nbytes, layout, sm.Link(v["intra_gbps"], v["intra_latency_us"]),
+                                        sm.Link(v["net_gbps"], v["net_latency_us"]))
+
+        predicted, low, high = with_band(runs, seconds)
+        measured = _common.median(times) * 1e-6
+        out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "column": column, "bytes": nbytes,
+                    "measured_ms": measured * 1e3, "measured_runs_ms": [t * 1e-3 for t in times],
+                    "predicted_ms": predicted * 1e3, "band_ms": [low * 1e3, high * 1e3],
+                    "error": predicted / measured - 1})
+    return out
+
+
+def _any_model(m: dict) -> str:
+    return sorted(m["calibration"][0]["ddp"])[0]
+
+
+def winners(allreduce: list[dict]) -> list[dict]:
+    """Ring against hierarchical wherever both ran: the faster, measured and predicted."""
+    cells = {(c["rate"], c["hosts"], c["per_host"], c["bytes"], c["column"]): c for c in allreduce}
+    out = []
+    for (rate, hosts, per_host, nbytes, column), ring in sorted(cells.items()):
+        hier = cells.get((rate, hosts, per_host, nbytes, "hierarchical"))
+        if column != "ring" or hier is None:
+            continue
+        measured = "ring" if ring["measured_ms"] < hier["measured_ms"] else "hierarchical"
+        predicted = "ring" if ring["predicted_ms"] < hier["predicted_ms"] else "hierarchical"
+        out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "bytes": nbytes, "measured": measured,
+                    "predicted": predicted, "agree": measured == predicted,
+                    "measured_ratio": ring["measured_ms"] / hier["measured_ms"],
+                    "predicted_ratio": ring["predicted_ms"] / hier["predicted_ms"]})
+    return out
+
+
+def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
+    """DDP's linearity per model, backend, rate and layout (and the 2-rank run on this host, which calibrated the
+    backend's CPU: in sample) against the model's."""
+    cal = m["calibration"]
+    cells: dict[tuple, list[float]] = {}
+    for r in m["ddp"]:
+        cells.setdefault((r["model"], r["backend"], r["rate"], r["hosts"], r["per_host"]), []).append(r["linearity"])
+    for model in cal[0]["ddp"]:
+        for backend in BACKENDS:
+            cells[(model, backend, None, 1, 2)] = [c["ddp"][model]["linearity_2"][backend] for c in cal]
+    out = []
+    for (model, backend, rate, hosts, per_host), values in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        layout = sm.Layout(hosts, per_host, cores / (hosts * per_host))
+        algorithm = dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
+        gradient = cal[0]["ddp"][model]["gradient_bytes"]
+        runs = term_runs(cal, model, backend, rate)
+        local = sm.Link(1.0, 0.0)  # one host: no network edge (allreduce_seconds never reads it)
+
+        def lin(v, layout=layout, algorithm=algorithm, gradient=gradient, local=local if rate is None else None):
+            return sm.linearity(make_terms(v, gradient, local), algorithm, layout, bucket_bytes)
+
+        predicted, low, high = with_band(runs, lin)
+        measured = _common.median(values)
+        out.append({"model": model, "backend": backend, "rate": rate, "hosts": hosts, "per_host": per_host,
+                    "algorithm": algorithm, "measured": measured, "measured_runs": values, "predicted": predicted,
+                    "band": [low, high], "error": predicted - measured,
+                    "within_target": abs(predicted - measured) <= TARGET_LINEARITY, "in_sample": rate is None,
+                    "cores_per_rank": layout.cores_per_rank})
+    return out
+
+
+def predictions(m: dict, s: Settings) -> list[dict]:
+    """Linearity at s.predict ranks for each model, compute (this host's CPU, or a GPU's --step-ms), algorithm
+    and assumed network link; dlop's calibrated terms with their band."""
+    cal = m["calibration"]
+    out = []
+    for model in sorted(cal[0]["ddp"]):
+        gradient = cal[0]["ddp"][model]["gradient_bytes"]
+        runs = term_runs(cal, model, "dlop", None)
+        computes = [("cpu", {})]
+        if s.step_ms:
+            # A GPU computes; the host's CPU only runs the backend (its measured CPU per step).
+            computes.append(("gpu", {"compute_s": [s.step_ms / 1e3], "compute_cpu_s": [0.0], "overhead_s": [0.0]}))
+        for compute, replaced in computes:
+            for algorithm in sm.ALGORITHMS:
+                for gbps in s.link_gbps:
+                    net = sm.Link(gbps, s.latency_us)
+                    values, bands = {}, {}
+                    for n in s.predict:
+                        per_host = min(s.ranks_per_host, n)
+                        layout = sm.Layout(math.ceil(n / per_host), per_host, s.cores_per_rank)
+
+                        def lin(v, layout=layout, algorithm=algorithm, net=net):
+                            return sm.linearity(make_terms(v, gradient, net), algorithm, layout, s.bucket_bytes)
+
+                        centre, low, high = with_band(dict(runs, **replaced), lin)
+                        values[str(n)], bands[str(n)] = centre, [low, high]
+                    out.append({"model": model, "compute": compute, "algorithm": algorithm, "link_gbps": gbps,
+                                "linearity": values, "band": bands})
+    return out
+
+
+def build(header: dict, measurements: dict, s: Settings) -> dict:
     cores = header["cores"]
-    base = {r["model"]: r for r in rows if r["backend"] == BASELINE and r["ranks"] == 1}
-    if missing := sorted({r["model"] for r in rows} - set(base)):
-        raise SystemExit(f"no 1-rank baseline (model alone) for {', '.join(missing)}: measure N = 1 too")
-    by_key = {(r["model"], r["ranks"], r["backend"]): r for r in rows}
-    out = []
-    for r in sorted(rows, key=lambda r: (r["model"], r["ranks"], r["backend"] != BASELINE, r["backend"] != "dlop",
-                                          r["backend"])):
-        one = base[r["model"]]["samples_per_s"]
-        per_host = math.ceil(r["ranks"] / r["hosts"])
-        row = dict(r, ideal_samples_per_s=r["ranks"] * one, linearity=r["samples_per_s"] / one / r["ranks"],
-                   ranks_per_host=per_host, oversubscribed=per_host * r["threads_per_rank"] > cores, speedup={})
-        if r["backend"] == "dlop":
-            for (model, ranks, peer), other in by_key.items():
-                if model == r["model"] and ranks == r["ranks"] and peer not in ("dlop", BASELINE):
-                    row["speedup"][peer] = r["samples_per_s"] / other["samples_per_s"]
-        out.append(row)
-    return out
-
-
-def _workloads(rows: list[dict], backend: str) -> dict[str, sm.Workload]:
-    """Per model: the 1-rank compute time, the gradient, and `backend`'s DDP overhead at 1 rank (0 if unmeasured)."""
-    ddp_one = {r["model"]: r["step_ms"] / 1e3 for r in rows if r["backend"] == backend and r["ranks"] == 1}
-    work = {}
-    for r in rows:
-        if r["backend"] == BASELINE and r["ranks"] == 1:
-            compute = r["step_ms"] / 1e3
-            overhead = max(0.0, ddp_one.get(r["model"], compute) - compute)
-            work[r["model"]] = sm.Workload(r["model"], compute, r["gradient_mib"] * 2**20, overhead)
-    return work
-
-
-def calibrate(header: dict, rows: list[dict], settings: ModelSettings) -> dict:
-    """{backend: {"intra_gbps", "calibration_ranks"}}: each backend's intra-host link, fitted at its smallest N > 1."""
-    fits = {}
-    for backend in sorted({r["backend"] for r in rows} - {BASELINE}):
-        work = _workloads(rows, backend)
-        mine = [r for r in rows if r["backend"] == backend and r["ranks"] > 1]
-        if not mine:
-            continue
-        n = min(r["ranks"] for r in mine)
-        points = [(work[r["model"]], n, sm.oversubscription(r["ranks_per_host"], r["threads_per_rank"], header["cores"]),
-                   r["step_ms"] / 1e3) for r in mine if r["ranks"] == n]
-        fits[backend] = {"intra_gbps": sm.fit_intra_gbps(points, settings.bucket_bytes, settings.intra_latency_us),
-                         "calibration_ranks": n}
-    return fits
-
-
-def checks(header: dict, rows: list[dict], fits: dict, settings: ModelSettings) -> list[dict]:
-    """The model's linearity at every measured N > 1 against the measured one."""
-    net_gbps = _rate_gbps(header.get("host_rate"))
-    out = []
-    for r in rows:
-        if r["backend"] == BASELINE or r["ranks"] == 1 or r["backend"] not in fits:
-            continue
-        fit = fits[r["backend"]]
-        intra = sm.Link(fit["intra_gbps"], settings.intra_latency_us)
-        net = sm.Link(net_gbps, settings.intra_latency_us) if net_gbps else intra  # namespace hosts share the machine
-        w = _workloads(rows, r["backend"])[r["model"]]
-        over = sm.oversubscription(r["ranks_per_host"], r["threads_per_rank"], header["cores"])
-        step = sm.step_seconds(w.compute_s, w.gradient_bytes, settings.bucket_bytes, "flat ring", r["ranks"],
-                               r["ranks_per_host"], intra, net, over, w.overhead_s)
-        predicted = sm.linearity(w.compute_s, step)
-        out.append({"model": r["model"], "backend": r["backend"], "ranks": r["ranks"], "hosts": r["hosts"],
-                    "measured_linearity": r["linearity"], "predicted_linearity": predicted,
-                    "error": predicted - r["linearity"], "oversubscription": over,
-                    "in_sample": r["ranks"] == fit["calibration_ranks"]})
-    return out
-
-
-def predictions(rows: list[dict], fits: dict, settings: ModelSettings) -> list[dict]:
-    """Linearity at settings.predict ranks, per model, algorithm and network link, with dlop's intra-host link."""
-    if "dlop" not in fits:
-        return []
-    intra = sm.Link(settings.intra_gbps or fits["dlop"]["intra_gbps"], settings.intra_latency_us)
-    out = []
-    for model, w in _workloads(rows, "dlop").items():
-        for algorithm in sm.ALGORITHMS:
-            for gbps in settings.link_gbps:
-                net = sm.Link(gbps, settings.link_latency_us)
-                values = {}
-                for n in settings.predict:
-                    step = sm.step_seconds(w.compute_s, w.gradient_bytes, settings.bucket_bytes, algorithm, n,
-                                           settings.ranks_per_host, intra, net, overhead_s=w.overhead_s)
-                    values[str(n)] = sm.linearity(w.compute_s, step)
-                out.append({"model": model, "algorithm": algorithm, "link_gbps": gbps, "linearity": values})
-    return out
-
-
-def build(header: dict, raw_rows: list[dict], settings: ModelSettings) -> dict:
-    rows = measured_rows(header, raw_rows)
-    fits = calibrate(header, rows, settings)
-    return {"header": header, "measured": rows, "model": {"settings": asdict(settings), "fits": fits,
-                                                          "backward_share": sm.BACKWARD_SHARE},
-            "checks": checks(header, rows, fits, settings), "predicted": predictions(rows, fits, settings)}
-
-
-# --- markdown -------------------------------------------------------------
-
-
-def peers_of(report: dict) -> list[str]:
-    return sorted({p for r in report["measured"] for p in r["speedup"]})
-
-
-def markdown(report: dict) -> str:
-    h, rows, peers = report["header"], report["measured"], peers_of(report)
-    settings, fits = report["model"]["settings"], report["model"]["fits"]
-    over = sorted({r["ranks"] for r in rows if r["oversubscribed"]})
-    out = ["# DDP linearity: dlop against " + (", ".join(peers) or "no peer"), "",
-           f"Measured {h['date']} on {h['host']}: {h.get('cpu', 'unknown CPU')}, {h['cores']} cores; "
-           f"commit {h['revision']}, torch {h['torch']}.  ",
-           f"`{h['command']}`  ",
-           f"{h['threads_per_rank']} torch thread(s) per rank at every N; {h['repetitions']} repetitions of "
-           f"{h['warmup']} untimed + {h['steps']} timed steps, backends alternating; {h['hosts']} host(s); "
-           f"DDP bucket_cap_mb {h['bucket_cap_mb']}.", ""]
-    if over:
-        out += [f"> **Oversubscribed: N = {', '.join(map(str, over))}.** Those runs have more rank threads per host "
-                f"than the host's {h['cores']} cores, so ranks time-share cores: their linearity measures the "
-                "machine being too small, not communication. Rows marked **yes** below.", ""]
-    out += ["linearity = N-rank samples/s / 1-rank samples/s / N, where the 1-rank figure is the model alone "
-            "(no DDP, same threads); ideal = N x 1-rank samples/s; "
-            + "; ".join(f"dlop/{p} = dlop's samples/s / {p}'s at the same N" for p in peers) + ".", "",
-            "## Measured", ""]
-    head = ["model", "N", "hosts", "ranks/host", "backend", "samples/s", "ideal samples/s", "linearity"]
-    head += [f"dlop/{p}" for p in peers] + ["oversubscribed"]
-    out += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * 3 + "---|" + "---:|" * (3 + len(peers)) + "---|"]
-    for r in rows:
-        line = [r["model"], str(r["ranks"]), str(r["hosts"]), str(r["ranks_per_host"]),
-                "model alone" if r["backend"] == BASELINE else r["backend"], f"{r['samples_per_s']:.1f}",
-                f"{r['ideal_samples_per_s']:.1f}", f"{r['linearity']:.3f}"]
-        line += [f"{r['speedup'][p]:.2f}" if p in r["speedup"] else "-" for p in peers]
-        line.append("**yes**" if r["oversubscribed"] else "no")
-        out.append("| " + " | ".join(line) + " |")
-    out += ["", "## Scaling model: checked against the measured runs", "",
-            "The model (dlop/bench/scaling_model.py) predicts these runs as a flat ring on one host. Its intra-host "
-            "link bandwidth is fitted per backend at the smallest measured N > 1 (in-sample: that N says *fit*); "
-            "every other N is out of sample. Compute is the 1-rank step time, slowed by the oversubscription "
-            "factor (rank threads per host / cores, at least 1); DDP's overhead is the backend's 1-rank DDP step "
-            "less the model alone's. The fitted bandwidth is an effective one: on a CPU machine it also absorbs "
-            "the cores the transport's threads take from compute.", ""]
-    for backend, fit in sorted(fits.items()):
-        out.append(f"- {backend}: intra-host link fitted at {fit['intra_gbps']:.3g} Gbit/s "
-                   f"(N = {fit['calibration_ranks']}), latency {settings['intra_latency_us']} us")
-    out += ["", "| model | backend | N | measured linearity | predicted linearity | error | sample |",
-            "|---|---|---:|---:|---:|---:|---|"]
-    for c in report["checks"]:
-        out.append(f"| {c['model']} | {c['backend']} | {c['ranks']} | {c['measured_linearity']:.3f} | "
-                   f"{c['predicted_linearity']:.3f} | {c['error']:+.3f} | {'fit' if c['in_sample'] else 'check'} |")
-    out += ["", "## Scaling model: predictions beyond this machine (not measured)", "",
-            f"{settings['ranks_per_host']} ranks per host, each with cores of its own (no oversubscription); "
-            f"network link latency {settings['link_latency_us']} us; intra-host link "
-            + (f"{settings['intra_gbps']:g} Gbit/s (--intra-gbps). " if settings.get("intra_gbps")
-               else "as fitted for dlop (hierarchical gains only where it is faster than the network). ") +
-            "Overlap assumption (DDP's): buckets of the gradient are all-reduced during backward, which is "
-            f"{report['model']['backward_share']:.2f} of the 1-rank step; only what exceeds that window, and at "
-            "least the last bucket's all-reduce, adds to the step. Flat ring: 2(N-1) latencies and 2(N-1)/N of "
-            "the bytes over the slowest link (the network). Hierarchical: intra-host reduce, ring among host "
-            "leaders, intra-host broadcast.", ""]
-    predicted = report["predicted"]
-    if predicted:
-        ns = list(predicted[0]["linearity"])
-        out += ["| model | algorithm | link (Gbit/s) | " + " | ".join(f"N = {n}" for n in ns) + " |",
-                "|---|---|---:|" + "---:|" * len(ns)]
-        for p in predicted:
-            out.append(f"| {p['model']} | {p['algorithm']} | {p['link_gbps']:g} | "
-                       + " | ".join(f"{p['linearity'][n]:.3f}" for n in ns) + " |")
-    else:
-        out.append("No prediction: dlop was not measured at N > 1.")
-    out += ["", "## Plots", ""] + [f"![{name[:-4]}]({name})" for name in PLOTS] + [""]
-    return "\n".join(out)
-
-
-# --- plots ----------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
-    models: dict[str, list[dict]] = {}
-    for r in rows:
-        models.setdefault(r["model"], []).append(r)
-    return models
-
-
-def _mark_oversubscribed(axis, rows: list[dict]) -> None:
-    over = sorted({r["ranks"] for r in rows if r["oversubscribed"]})
-    if over:
-        axis.axvspan(over[0] / 1.25, over[-1] * 1.25, color="red", alpha=0.08, label="oversubscribed")
-
-
-def plot_throughput(plt, report: dict, path: str) -> None:
-    models = _by_model(report["measured"])
-    fig, axes = plt.subplots(1, len(models), figsize=PLOT_INCHES, squeeze=False)
-    for axis, (model, rows) in zip(axes[0], models.items()):
-        ranks = sorted({r["ranks"] for r in rows})
-        one = next(r["samples_per_s"] for r in rows if r["backend"] == BASELINE)
-        axis.plot(ranks, [n * one for n in ranks], "k--", lw=1, label="ideal (N x 1-rank)")
-        for backend in sorted({r["backend"] for r in rows} - {BASELINE}, key=lambda b: b != "dlop"):
-            mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["ranks"])
-            axis.plot([r["ranks"] for r in mine], [r["samples_per_s"] for r in mine], marker="o", label=backend)
-        _mark_oversubscribed(axis, rows)
-        axis.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="samples/s", title=f"{model}: throughput")
-        axis.set_xticks(ranks, [str(n) for n in ranks])
-        axis.set_xticks([], minor=True)  # no "3 x 10^0" labels between the rank counts
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
-
-
-def plot_linearity(plt, report: dict, path: str) -> None:
-    models = _by_model([r for r in report["measured"] if r["backend"] != BASELINE])
-    fig, axes = plt.subplots(1, max(len(models), 1), figsize=PLOT_INCHES, squeeze=False)
-    for axis, (model, rows) in zip(axes[0], models.items()):
-        ranks = sorted({r["ranks"] for r in rows})
-        backends = sorted({r["backend"] for r in rows}, key=lambda b: b != "dlop")
-        width = 0.8 / len(backends)
-        for k, backend in enumerate(backends):
-            cells = {r["ranks"]: r for r in rows if r["backend"] == backend}
-            xs = [i + k * width for i, n in enumerate(ranks) if n in cells]
-            bars = axis.bar(xs, [cells[n]["linearity"] for n in ranks if n in cells], width, label=backend)
-            for bar, n in zip(bars, [n for n in ranks if n in cells]):
-                if cells[n]["oversubscribed"]:
-                    bar.set_hatch("//")
-        axis.axhline(1.0, color="gray", lw=0.8)
-        labels = [f"{n}\n(oversubscribed)" if any(r["oversubscribed"] for r in rows if r["ranks"] == n) else str(n)
-                  for n in ranks]
-        axis.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(ranks))], labels)
-        axis.set(xlabel="ranks N", ylabel="linearity", title=f"{model}: linearity (N-rank / 1-rank / N)", ylim=(0, 1.15))
-        axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
-
-
-def plot_speedup_scatter(plt, report: dict, path: str) -> None:
-    """ACSpeed's figure: x = the peer's linearity, y = dlop's speed-up over it, one colour per N."""
-    rows = report["measured"]
-    peer_rows = {(r["model"], r["ranks"], r["backend"]): r for r in rows}
-    ranks = sorted({r["ranks"] for r in rows if r["speedup"]})
-    colours = plt.get_cmap("tab10")
-    markers = "os^Dv"
-    fig, axis = plt.subplots(figsize=PLOT_INCHES)
-    for j, peer in enumerate(peers_of(report)):
-        for i, n in enumerate(ranks):
-            points = [(peer_rows[(r["model"], n, peer)]["linearity"], r["speedup"][peer], r["model"])
-                      for r in rows if r["ranks"] == n and peer in r["speedup"]]
-            colour = colours(i % 10)
-            over = " (oversubscribed)" if any(r["oversubscribed"] for r in rows if r["ranks"] == n) else ""
-            axis.scatter([p[0] for p in points], [p[1] for p in points], color=colour, marker=markers[j % 5], s=60,
-                         label=f"N = {n}{over}, vs {peer}")
-            for x, y, model in points:
-                axis.annotate(model, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    axis.axhline(1.0, color="gray", lw=0.8)
-    axis.set(xlabel="peer's linearity", ylabel="dlop speed-up over the peer (samples/s ratio)",
-             title="dlop's speed-up against the peer's linearity")
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
-
-
-def plot_predicted(plt, report: dict, path: str) -> None:
-    predicted = _by_model(report["predicted"])
-    fig, axes = plt.subplots(1, max(len(predicted), 1), figsize=PLOT_INCHES, squeeze=False)
-    for axis, (model, rows) in zip(axes[0], predicted.items()):
-        for p in rows:
-            ns = [int(n) for n in p["linearity"]]
-            axis.plot(ns, list(p["linearity"].values()), marker=".",
-                      ls="-" if p["algorithm"] == "hierarchical" else "--",
-                      label=f"{p['algorithm']}, {p['link_gbps']:g} Gbit/s")
-        checks = [c for c in report["checks"] if c["model"] == model and c["backend"] == "dlop"]
-        axis.scatter([c["ranks"] for c in checks], [c["measured_linearity"] for c in checks], color="k", zorder=3,
-                     label="measured (dlop, this machine)")
-        axis.set_xscale("log", base=2)
-        ticks = sorted({c["ranks"] for c in checks} | {int(n) for p in rows for n in p["linearity"]})
-        axis.set_xticks(ticks, [str(n) for n in ticks])
-        axis.set(xlabel="ranks N", ylabel="linearity", ylim=(0, 1.05), title=f"{model}: predicted (model)")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
+    allreduce = allreduce_checks(measurements, cores)
+    ddp = ddp_checks(measurements, cores, s.bucket_bytes)
+    out_of_sample = [c for c in ddp if not c["in_sample"]]
+    won = winners(allreduce)
+    return {"header": header, "measurements": measurements, "settings": asdict(s),
+            "calibration": calibration_table(measurements),
+            "checks": {"allreduce": allreduce, "winners": won, "ddp": ddp},
+            "targets": {"linearity_within": TARGET_LINEARITY,
+                        "ddp_points": len(out_of_sample), "ddp_within": sum(c["within_target"] for c in out_of_sample),
+                        "winner_points": len(won), "winners_agree": sum(w["agree"] for w in won)},
+            "predicted": predictions(measurements, s)}
 
 
 def write(report: dict, folder: str) -> list[str]:
     """linearity.md, linearity.json and the PNGs into `folder`; returns their paths."""
+    from dlop.bench import linearity_plots, linearity_text
+
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, "linearity.md"), os.path.join(folder, "linearity.json")]
     with open(paths[0], "w") as f:
-        f.write(markdown(report))
+        f.write(linearity_text.markdown(report))
     with open(paths[1], "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
         f.write("\n")
-    plt = _pyplot()
-    for name, plot in zip(PLOTS, (plot_throughput, plot_linearity, plot_speedup_scatter, plot_predicted)):
-        paths.append(os.path.join(folder, name))
-        plot(plt, report, paths[-1])
-    return paths
+    return paths + linearity_plots.write(report, folder)

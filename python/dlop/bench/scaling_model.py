@@ -1,45 +1,48 @@
-"""An alpha-beta model of DDP's linearity beyond one machine, calibrated on measured runs.
+"""DDP's linearity on H hosts x p ranks, from terms each measured by the benchmark that isolates it.
 
-A step of N ranks takes the one-rank compute time plus what of the gradient
-all-reduce does not hide behind backward compute:
+A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
+what of the gradient's all-reduce does not hide behind backward:
 
-    step(N) = compute x oversubscription + overhead + exposed
-    exposed = max(allreduce(G) - BACKWARD_SHARE x compute, allreduce(last bucket))
-    linearity(N) = compute / step(N)
+    busy     = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
+    step     = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
+    linearity = compute / step
 
-overhead is what DDP itself adds to a step with nothing to communicate (its
-1-rank step less the model alone's: gradient hooks, bucket copies).
+Terms and where they come from (dlop/bench/linearity_calibrate.py):
 
-Overlap assumption (DDP's): gradients are all-reduced in buckets of
-``bucket_cap_mb`` while backward goes on, so communication hides behind the
-backward pass (BACKWARD_SHARE = 2/3 of the step: backward costs about twice
-forward) except the last bucket, which only starts when backward ends.
-Compute is not slowed by communication (true of GPUs with their own copy
-engines; on CPUs the transport's threads take cores from compute, which the
-checks against measured runs show as error).
+- intra-host link (latency, bandwidth): ``dlop-bench allreduce --local 2``
+  (shm/cma) for dlop, a 2-rank Gloo all-reduce for Gloo;
+- network link: ``dlop-bench p2p`` between two namespace hosts (ping-pong
+  latency, streaming bandwidth);
+- compute, compute_cpu (CPU seconds per step) and backward_share: the model
+  alone on one rank, forward and backward timed apart;
+- overhead: the backend's 1-rank DDP step less the model alone's;
+- backend_cpu: the CPU each rank's process spends per step beyond the model
+  alone's, from the 2-rank DDP run on one host. CPU contention is a term of its
+  own (cores_per_rank), never folded into a link: on a machine with spare
+  cores busy = compute, on an oversubscribed one the ranks' CPU is shared.
 
-All-reduce of B bytes over N ranks, each bucket paying the latencies
-(alpha = link latency, beta = 1 / link bandwidth):
+All-reduce of B bytes (alpha = a link's latency, beta = 1 / its bandwidth):
 
-- flat ring: 2(N-1) alpha + 2(N-1)/N B beta over the slowest link on the ring
-  (the network link as soon as the ranks span more than one host);
-- hierarchical, p ranks per host and H = N / p hosts: an intra-host reduce
-  ((p-1) alpha_intra + (p-1)/p B beta_intra), a ring among the H host
-  leaders (2(H-1) alpha_net + 2(H-1)/H B beta_net), an intra-host broadcast
-  (as the reduce).
+- flat ring, ranks placed on hosts in rank order (torchrun's placement, so
+  one ring edge leaves each host): 2(N-1) steps of B/N bytes, every step as
+  slow as the slowest edge (the network once the ring spans hosts);
+- hierarchical (dlop's): binomial reduce onto each host's leader, a ring
+  among the H leaders, binomial broadcast; segments of HIER_SEGMENT bytes
+  flow through the three phases as a pipeline, so the time is the first
+  segment through all three plus the slowest phase per further segment.
 
-The intra-host link is calibrated: its bandwidth is the one that best fits
-the measured step times of the smallest measured N > 1 (that N is in-sample,
-the others are a real check); its latency is a parameter.
+Gradients go in DDP's buckets: the first holds FIRST_BUCKET bytes, the others
+up to bucket_cap; each bucket pays the latencies.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-BACKWARD_SHARE = 2.0 / 3.0
-ALGORITHMS = ("flat ring", "hierarchical")
+ALGORITHMS = ("ring", "hierarchical")
+HIER_SEGMENT = 4 << 20  # collectives/algorithms/allreduce_hierarchical.cpp's kSegmentBytes
+FIRST_BUCKET = 1 << 20  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -52,72 +55,107 @@ class Link:
         return steps * self.latency_us * 1e-6 + nbytes * 8 / (self.gbps * 1e9)
 
 
+def slowest(a: Link, b: Link) -> Link:
+    """The edge a lockstep ring waits for when its edges are a and b."""
+    return Link(min(a.gbps, b.gbps), max(a.latency_us, b.latency_us))
+
+
+@dataclass(frozen=True)
+class Layout:
+    hosts: int
+    per_host: int
+    cores_per_rank: float  # cores each rank can use (compute threads and the backend's)
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.per_host
+
+
 def ring_allreduce(nbytes: float, ranks: int, link: Link) -> float:
     if ranks <= 1:
         return 0.0
     return link.seconds(2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes)
 
 
-def hierarchical_allreduce(nbytes: float, ranks: int, per_host: int, intra: Link, net: Link) -> float:
-    p = min(per_host, ranks)
-    hosts = math.ceil(ranks / p)
-    local = intra.seconds(p - 1, (p - 1) / p * nbytes) if p > 1 else 0.0
-    return 2 * local + ring_allreduce(nbytes, hosts, net)  # reduce, leaders' ring, broadcast
+def binomial(nbytes: float, ranks: int, link: Link) -> float:
+    """A binomial reduce (or broadcast) of the whole vector over `ranks`: ceil(log2 ranks) rounds."""
+    rounds = math.ceil(math.log2(ranks)) if ranks > 1 else 0
+    return link.seconds(rounds, rounds * nbytes)
 
 
-def allreduce_seconds(algorithm: str, nbytes: float, ranks: int, per_host: int, intra: Link, net: Link) -> float:
-    if algorithm == "flat ring":
-        return ring_allreduce(nbytes, ranks, net if ranks > per_host else intra)
+def hierarchical_allreduce(nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
+    segments = max(1, math.ceil(nbytes / HIER_SEGMENT))
+    seg = nbytes / segments
+    local = binomial(seg, layout.per_host, intra)
+    leaders = ring_allreduce(seg, layout.hosts, net)
+    return 2 * local + leaders + (segments - 1) * max(local, leaders)
+
+
+def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
+    if algorithm == "ring":
+        return ring_allreduce(nbytes, layout.ranks, slowest(intra, net) if layout.hosts > 1 else intra)
     if algorithm == "hierarchical":
-        return hierarchical_allreduce(nbytes, ranks, per_host, intra, net)
+        if layout.hosts == 1 or layout.per_host == 1:
+            return ring_allreduce(nbytes, layout.ranks, net if layout.hosts > 1 else intra)
+        return hierarchical_allreduce(nbytes, layout, intra, net)
     raise ValueError(f"unknown all-reduce algorithm '{algorithm}': {', '.join(ALGORITHMS)}")
 
 
-def step_seconds(compute_s: float, gradient_bytes: float, bucket_bytes: float, algorithm: str, ranks: int,
-                 per_host: int, intra: Link, net: Link, oversubscription: float = 1.0, overhead_s: float = 0.0) -> float:
-    """One DDP step of `ranks` ranks (see the module's docstring for the overlap assumption)."""
-    if ranks <= 1:
-        return compute_s * oversubscription + overhead_s
-    buckets = max(1, math.ceil(gradient_bytes / bucket_bytes))
-    last = gradient_bytes - (buckets - 1) * bucket_bytes
-
-    def bucketed(nbytes: float, count: int) -> float:
-        # Each bucket pays the latencies; the bytes add up.
-        return count * allreduce_seconds(algorithm, nbytes / count, ranks, per_host, intra, net)
-
-    whole = bucketed(gradient_bytes, buckets)
-    exposed = max(whole - BACKWARD_SHARE * compute_s, bucketed(last, 1))
-    return compute_s * oversubscription + overhead_s + exposed
+def buckets(gradient_bytes: float, bucket_bytes: float) -> list[float]:
+    """DDP's buckets, in the order they are all-reduced: a small first one, then up to bucket_bytes each."""
+    first = min(FIRST_BUCKET, gradient_bytes)
+    rest = gradient_bytes - first
+    if rest <= 0:
+        return [first]
+    count = math.ceil(rest / bucket_bytes)
+    return [first] + [rest / count] * count
 
 
-def linearity(compute_s: float, step_s: float) -> float:
-    return compute_s / step_s
+@dataclass(frozen=True)
+class Terms:
+    """One workload's calibrated terms (seconds per step unless said)."""
 
-
-def oversubscription(ranks_on_host: int, threads: int, cores: int) -> float:
-    """How much slower each rank computes when its host has fewer cores than its ranks' threads."""
-    return max(1.0, ranks_on_host * threads / cores)
-
-
-@dataclass
-class Workload:
-    """What the model needs of one benchmark model, from the measured runs."""
-
-    name: str
-    compute_s: float  # the 1-rank step time (model alone)
+    compute_s: float  # the model alone's step on one rank
+    compute_cpu_s: float  # its CPU seconds per step
+    backward_share: float  # backward's share of compute: the window all-reduce can hide behind
+    overhead_s: float  # the backend's 1-rank DDP step less compute_s
+    backend_cpu_s: float  # the backend's CPU per rank and step beyond the model alone's
     gradient_bytes: float
-    overhead_s: float = 0.0  # DDP's 1-rank step time less compute_s (at least 0)
+    intra: Link
+    net: Link
+
+    def moved(self, **changes) -> Terms:
+        return replace(self, **changes)
 
 
-def fit_intra_gbps(points: list[tuple[Workload, int, float, float]], bucket_bytes: float, latency_us: float) -> float:
-    """The intra-host bandwidth (Gbit/s) that best fits measured (workload, ranks, oversubscription, step_s)
-    points on one host, by a log-spaced search (relative squared error of the step time)."""
-    best, best_error = 1.0, math.inf
-    for k in range(401):
-        gbps = 10 ** (-2 + 6 * k / 400)  # 0.01 .. 10000 Gbit/s
-        link = Link(gbps, latency_us)
-        error = sum(((step_seconds(w.compute_s, w.gradient_bytes, bucket_bytes, "flat ring", n, n, link, link, o,
-                                   w.overhead_s) - measured) / measured) ** 2 for w, n, o, measured in points)
-        if error < best_error - 1e-12:
-            best, best_error = gbps, error
-    return best
+def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:
+    """One DDP step on `layout` (see the module's docstring)."""
+    busy = max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s) / layout.cores_per_rank)
+    if layout.ranks <= 1:
+        return busy + t.overhead_s
+    times = [allreduce_seconds(algorithm, b, layout, t.intra, t.net) for b in buckets(t.gradient_bytes, bucket_bytes)]
+    exposed = max(sum(times) - t.backward_share * busy, times[-1])
+    return busy + t.overhead_s + exposed
+
+
+def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:
+    return t.compute_s / step_seconds(t, algorithm, layout, bucket_bytes)
+
+
+def fit_link(points: list[tuple[float, float, float]]) -> Link:
+    """The link that best fits measured (hops, bytes, seconds): seconds = hops x latency + bytes / bandwidth,
+    least squares on relative error (so 8 B and 16 MiB weigh alike)."""
+    # Normal equations of sum(((h a + b c) - s) / s)^2 in (a, c) = (latency s, s per byte).
+    shh = sum((h / s) ** 2 for h, _, s in points)
+    sbb = sum((b / s) ** 2 for _, b, s in points)
+    shb = sum(h * b / s**2 for h, b, s in points)
+    sh = sum(h / s for h, _, s in points)
+    sb = sum(b / s for _, b, s in points)
+    det = shh * sbb - shb**2
+    if det <= 0:
+        raise ValueError("fit_link needs points of at least two sizes")
+    latency = (sh * sbb - sb * shb) / det
+    per_byte = (shh * sb - shb * sh) / det
+    if per_byte <= 0:
+        raise ValueError(f"fit_link: no bandwidth in these points (seconds per byte {per_byte:.3g})")
+    return Link(8 / per_byte / 1e9, max(latency, 0.0) * 1e6)

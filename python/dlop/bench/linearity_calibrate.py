@@ -1,0 +1,166 @@
+"""The scaling model's terms, each measured by the benchmark that isolates it (dlop/bench/scaling_model.py).
+
+Every function runs one benchmark once and returns its raw figures; the
+caller repeats them (the spread of the repeats is the prediction's band):
+
+- ``intra_dlop``: ``dlop-bench allreduce --local 2`` on this host (shm/cma);
+- ``intra_gloo``: a 2-rank Gloo all-reduce through torch on this host;
+- ``network``: ``dlop-bench p2p`` between two namespace hosts;
+- ``split``: the model alone, forward and backward timed apart;
+- ``ddp_local``: ``dlop.bench.ddp`` on this host (1 rank: compute and DDP's
+  overhead; 2 ranks: the backend's CPU per step).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dlop.bench import _common
+from dlop.bench import scaling_model as sm
+
+INTRA_SIZES = "8,64K,1M,4M"
+RUN_TIMEOUT_S = 900
+
+
+def dlop_bench() -> str:
+    found = shutil.which("dlop-bench") or str(Path(sys.executable).with_name("dlop-bench"))
+    if not os.path.exists(found):
+        raise SystemExit("dlop-bench not found on PATH or beside python: `make build` installs it")
+    return found
+
+
+def _run(argv: list[str], log: Path, env: dict | None = None) -> None:
+    with open(log, "w") as f:
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... failed (exit {done.returncode}); see {log}")
+
+
+def _wait_all(procs: list[subprocess.Popen], what: str, log: Path) -> None:
+    """Waits for every rank; one failed rank leaves the others waiting on it, so the first failure stops all."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{what} failed (exits {codes}); see {log}")
+
+
+def link_of(rows: list[dict], ranks: int) -> dict:
+    """A ring all-reduce's rows (bytes, time_us) as a link: 2(N-1) hops, 2(N-1)/N of the bytes."""
+    points = [(2 * (ranks - 1), 2 * (ranks - 1) / ranks * r["bytes"], r["time_us"] * 1e-6) for r in rows]
+    link = sm.fit_link(points)
+    return {"gbps": link.gbps, "latency_us": link.latency_us}
+
+
+def intra_dlop(out: Path, tag: str) -> dict:
+    path = out / f"intra_dlop_{tag}.json"
+    _run([dlop_bench(), "allreduce", "--local", "2", "-b", "8", "-e", "4M", "-f", "8", "--reps", "3", "--inplace",
+          "1", "-c", "0", "--json", str(path)], out / f"intra_dlop_{tag}.txt")
+    _, rows = _common.read_rows(str(path))
+    return link_of([r for r in rows if r["impl"] == "dlop"], 2)
+
+
+def c10d_argv(impls: str, sizes: str, repetitions: int, json_path: Path | None, check: bool = False) -> list[str]:
+    argv = [sys.executable, "-m", "dlop.bench.c10d", "--ops", "all_reduce", "--impls", impls, "--sizes", sizes,
+            "-r", str(repetitions), "-c", str(int(check))]
+    return argv + (["--json", str(json_path)] if json_path else [])
+
+
+def intra_gloo(out: Path, tag: str, port: int) -> dict:
+    path, log = out / f"intra_gloo_{tag}.json", out / f"intra_gloo_{tag}.txt"
+    with open(log, "w") as f:
+        procs = [subprocess.Popen(c10d_argv("gloo", INTRA_SIZES, 3, path if r == 0 else None),
+                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
+                                  stdout=f, stderr=subprocess.STDOUT) for r in range(2)]
+        _wait_all(procs, "2-rank Gloo all-reduce", log)
+    _, rows = _common.read_rows(str(path))
+    return link_of([r for r in rows if r["impl"] == "gloo"], 2)
+
+
+def network(hosts, out: Path, tag: str, port: int) -> dict:
+    """Hosts 0 and 1's link (2 MiB messages reach a tbf link's rate: the rate is a host's, not a message's)."""
+    path, log = out / f"net_{tag}.json", out / f"net_{tag}.txt"
+    with open(log, "w") as f:
+        procs = [hosts.popen(r, [dlop_bench(), "p2p", "--rank", str(r), "--size", "2", "--store",
+                                 f"{hosts.addrs[0]}:{port}", "-b", "8", "-e", "2M", "-f", "64", "-r", "3"]
+                             + (["--json", str(path)] if r == 0 else []), stdout=f, stderr=subprocess.STDOUT)
+                 for r in range(2)]
+        _wait_all(procs, "dlop-bench p2p between namespace hosts", log)
+    return p2p_link(_common.read_rows(str(path))[1])
+
+
+def p2p_link(rows: list[dict]) -> dict:
+    """dlop-bench p2p's rows as a link: the smallest message's one-way latency, the largest's bandwidth."""
+    small, large = min(rows, key=lambda r: r["bytes"]), max(rows, key=lambda r: r["bytes"])
+    return {"latency_us": small["latency_us"], "gbps": large["bandwidth_gbps"] * 8}
+
+
+def split(model: str, batch: int, threads: int, steps: int) -> dict:
+    """The model alone: seconds per step, CPU seconds per step, and backward's share of the step."""
+    import torch
+    from torch import nn
+
+    from dlop.bench.ddp_models import MODELS
+
+    torch.set_num_threads(threads)
+    make_model, make_batch, default_batch = MODELS[model]
+    torch.manual_seed(0)
+    net = make_model()
+    inputs, labels = make_batch(batch or default_batch, torch.Generator().manual_seed(1000))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    backward, total, cpu = [], [], []
+    for i in range(steps + 1):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(net(inputs), labels)
+        middle = time.perf_counter()
+        loss.backward()
+        end = time.perf_counter()
+        optimizer.step()
+        if i:  # the first step allocates the gradients and the optimizer's state
+            backward.append(end - middle)
+            total.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
+    return {"compute_s": _common.median(total), "compute_cpu_s": _common.median(cpu),
+            "backward_share": _common.median([b / t for b, t in zip(backward, total)])}
+
+
+def ddp_local(ddp_argv: list[str], ranks: int, out: Path, tag: str) -> list[dict]:
+    path = out / f"ddp_local{ranks}_{tag}.json"
+    _run([*ddp_argv, "--ranks", str(ranks), "--json", str(path)], out / f"ddp_local{ranks}_{tag}.txt")
+    return _common.read_rows(str(path))[1]
+
+
+def ddp_terms(one: list[dict], two: list[dict], model: str) -> dict:
+    """compute and compute_cpu (the model alone at 1 rank), then per backend its 1-rank overhead and its CPU per
+    rank and step at 2 ranks, and its linearity there (the in-sample check)."""
+    alone = next(r for r in one if r["model"] == model and r["backend"] == "none")
+    compute, cpu = alone["step_ms"] / 1e3, alone["cpu_ms_per_step"] / 1e3
+    terms = {"compute_s": compute, "compute_cpu_s": cpu, "gradient_bytes": alone["gradient_mib"] * 2**20,
+             "overhead_s": {}, "backend_cpu_s": {}, "linearity_2": {}}
+    for r in one:
+        if r["model"] == model and r["backend"] != "none":
+            terms["overhead_s"][r["backend"]] = max(0.0, r["step_ms"] / 1e3 - compute)
+    # Beyond the model alone of the same run, which ran beside the same idle ranks.
+    alone_two = next(r for r in two if r["model"] == model and r["backend"] == "none")["cpu_ms_per_step"] / 1e3
+    for r in two:
+        if r["model"] == model and r["backend"] != "none":
+            terms["backend_cpu_s"][r["backend"]] = max(0.0, r["cpu_ms_per_step"] / 1e3 - alone_two)
+            terms["linearity_2"][r["backend"]] = r["linearity"]
+    return terms

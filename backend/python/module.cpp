@@ -6,6 +6,7 @@ PYBIND11_MODULE(_C, m) {
   dlop::python::bind_errors(m);
   dlop::python::bind_backend(m);
   dlop::python::bind_offload(m);
+  dlop::python::bind_media(m);
   dlop::python::bind_data_pacer(m);
   dlop::python::bind_offload_loader(m);
 }

@@ -186,11 +186,16 @@ void bind_ops(py::module_& m) {
 }
 
 void bind_sources(py::module_& m) {
-  py::class_<Source, std::shared_ptr<Source>>(m, "Source", "an image folder or a record file (open_source)")
+  py::class_<Source, std::shared_ptr<Source>>(m, "Source", "a folder by class, a manifest or a record file (open_source)")
       .def("__len__", &Source::size)
       .def_property_readonly("classes", &Source::classes)
       .def("label", &Source::label, py::arg("index"))
       .def("name", &Source::name, py::arg("index"))
+      .def_property_readonly("multi_label", &Source::multi_label)
+      .def("labels", &Source::labels, py::arg("index"))
+      .def(
+          "time_span", [](const Source& s, std::size_t i) { return py::make_tuple(s.time_span(i).start, s.time_span(i).end); },
+          py::arg("index"), "(start, end) seconds; end < 0: to the end")
       .def(
           "read",
           [](const Source& s, std::size_t i) {
@@ -206,8 +211,21 @@ void bind_sources(py::module_& m) {
   m.def(
       // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
       // pybind11 without stl/filesystem.h.
-      "open_source", [](const std::string& p) { return std::shared_ptr<Source>(open_source(p)); },
-      py::arg("path"), "a folder opens as ImageFolder (torchvision's order and labels), a file as a record file");
+      "open_source",
+      [](const std::string& p, const std::string& kind) {
+        MediaKind k = MediaKind::kImage;
+        if (kind == "video") {
+          k = MediaKind::kVideo;
+        } else if (kind == "audio") {
+          k = MediaKind::kAudio;
+        } else if (kind != "image") {
+          throw py::value_error("open_source: kind must be \"image\", \"video\" or \"audio\", not \"" + kind + "\"");
+        }
+        return std::shared_ptr<Source>(open_source(p, k));
+      },
+      py::arg("path"), py::arg("kind") = "image",
+      "a folder opens as a folder by class of that kind (torchvision's order and labels), a .csv or .jsonl file as "
+      "a manifest, any other file as a record file");
   m.def(
       "pack",
       [](const std::string& root, const std::string& out) {

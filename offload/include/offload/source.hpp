@@ -52,15 +52,17 @@ class Source {
   }
 };
 
-// torchvision's ImageFolder: classes are the sorted names of root's
-// sub-folders, label = class index; each class's files are found recursively
-// (following links) and sorted as torchvision sorts them (folders by path,
-// then names), so indices equal torchvision's for the same tree. Only .jpg,
-// .jpeg and .png (any case) are kept, the formats dlop decodes; a class with
-// none is an error, as in torchvision. Files are read on demand.
-class ImageFolder final : public Source {
+// torchvision's ImageFolder layout, for any media kind: classes are the
+// sorted names of root's sub-folders, label = class index; each class's files
+// are found recursively (following links) and sorted as torchvision sorts
+// them (folders by path, then names), so indices equal torchvision's for the
+// same tree. Only the kind's extensions (any case) are kept: .jpg, .jpeg and
+// .png for images; .mp4, .mkv, .webm, .mov and .avi for video; .wav, .flac,
+// .ogg, .opus and .mp3 for audio. A class with none is an error, as in
+// torchvision. Files are read on demand.
+class FolderSource : public Source {
  public:
-  explicit ImageFolder(const std::filesystem::path& root);
+  FolderSource(const std::filesystem::path& root, MediaKind kind);
   std::size_t size() const override { return files_.size(); }
   const std::vector<std::string>& classes() const override { return classes_; }
   std::int64_t label(std::size_t i) const override;
@@ -79,6 +81,47 @@ class ImageFolder final : public Source {
   std::vector<std::string> classes_;
   std::vector<Entry> files_;
 };
+
+class ImageFolder final : public FolderSource {
+ public:
+  explicit ImageFolder(const std::filesystem::path& root) : FolderSource(root, MediaKind::kImage) {}
+};
+
+// A manifest of files, one sample per line, paths relative to the manifest's
+// folder (or absolute):
+//   CSV with a header row naming its columns: path, then label (one class) or
+//     labels (several, separated by ';'), and optional start and end seconds;
+//   JSON lines (.jsonl): {"path": ..., "label": ... | "labels": [...],
+//     "start": s, "end": s}.
+// Labels are class names or integers. Classes are the sorted distinct names
+// (integers: 0 .. the largest). A line with several labels makes the source
+// multi-label. Malformed lines are errors naming the line.
+class Manifest final : public Source {
+ public:
+  explicit Manifest(const std::filesystem::path& path);
+  std::size_t size() const override { return entries_.size(); }
+  const std::vector<std::string>& classes() const override { return classes_; }
+  std::int64_t label(std::size_t i) const override;
+  std::string name(std::size_t i) const override;
+  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  bool multi_label() const override { return multi_label_; }
+  std::vector<std::int64_t> labels(std::size_t i) const override;
+  TimeSpan time_span(std::size_t i) const override;
+
+ private:
+  struct Entry {
+    std::string path;
+    std::vector<std::int64_t> labels;
+    TimeSpan span;
+  };
+  const Entry& at(std::size_t i) const;
+  std::vector<Entry> entries_;
+  std::vector<std::string> classes_;
+  bool multi_label_ = false;
+};
+
+// Reads a whole file into scratch; SampleError naming it when it cannot.
+std::span<const std::uint8_t> read_file(const std::string& path, std::vector<std::uint8_t>& scratch);
 
 // A packed record file (format in offload/src/source/record_format.hpp),
 // mapped read-only. Opening checks the header, the index checksum and every
@@ -104,8 +147,9 @@ class RecordFile final : public Source {
   std::vector<std::string> classes_;
 };
 
-// Opens a folder as ImageFolder and a file as RecordFile.
-std::unique_ptr<Source> open_source(const std::filesystem::path& path);
+// Opens a folder as a FolderSource of `kind`, a .csv or .jsonl file as a
+// Manifest, and any other file as a RecordFile.
+std::unique_ptr<Source> open_source(const std::filesystem::path& path, MediaKind kind = MediaKind::kImage);
 
 struct PackStats {
   std::size_t records = 0;

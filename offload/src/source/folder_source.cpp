@@ -15,16 +15,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has_image_extension(const fs::path& p) {
+const std::vector<std::string>& extensions(MediaKind kind) {
+  static const std::vector<std::string> image{".jpg", ".jpeg", ".png"};
+  static const std::vector<std::string> video{".mp4", ".mkv", ".webm", ".mov", ".avi"};
+  static const std::vector<std::string> audio{".wav", ".flac", ".ogg", ".opus", ".mp3"};
+  return kind == MediaKind::kImage ? image : kind == MediaKind::kVideo ? video : audio;
+}
+
+bool has_extension(const fs::path& p, const std::vector<std::string>& wanted) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+  return std::find(wanted.begin(), wanted.end(), ext) != wanted.end();
+}
+
+std::string or_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
+  return s;
 }
 
 // torchvision walks each class folder with os.walk(followlinks=True), sorts
 // the (folder, sub-folders, files) tuples (so folders by their path string),
 // and each folder's file names; strings compare bytewise in both.
-void collect(const fs::path& root, const std::string& class_name, std::int64_t label,
+void collect(const fs::path& root, const std::string& class_name, std::int64_t label, MediaKind kind,
              std::vector<std::pair<std::string, std::int64_t>>& out) {
   std::vector<std::string> folders{class_name};
   std::error_code ec;
@@ -37,7 +50,7 @@ void collect(const fs::path& root, const std::string& class_name, std::int64_t l
   for (const std::string& folder : folders) {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(root / folder, ec)) {
-      if (!entry.is_directory(ec) && has_image_extension(entry.path())) names.push_back(entry.path().filename().string());
+      if (!entry.is_directory(ec) && has_extension(entry.path(), extensions(kind))) names.push_back(entry.path().filename().string());
     }
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) out.emplace_back(folder + "/" + name, label);
@@ -46,7 +59,7 @@ void collect(const fs::path& root, const std::string& class_name, std::int64_t l
 
 }  // namespace
 
-ImageFolder::ImageFolder(const fs::path& root) : root_(root) {
+FolderSource::FolderSource(const fs::path& root, MediaKind kind) : root_(root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) {
     throw_error(Errc::kInvalidArgument, fmt::format("ImageFolder: {} is not a folder", root.string()));
@@ -62,32 +75,31 @@ ImageFolder::ImageFolder(const fs::path& root) : root_(root) {
   std::vector<std::string> empty;
   for (std::size_t c = 0; c < classes_.size(); ++c) {
     const std::size_t before = files.size();
-    collect(root, classes_[c], static_cast<std::int64_t>(c), files);
+    collect(root, classes_[c], static_cast<std::int64_t>(c), kind, files);
     if (files.size() == before) empty.push_back(classes_[c]);
   }
   if (!empty.empty()) {
     throw_error(Errc::kInvalidArgument,
-                fmt::format("ImageFolder: no .jpg, .jpeg or .png file in class folder(s) {} of {}",
+                fmt::format("ImageFolder: no {} file in class folder(s) {} of {}", or_list(extensions(kind)),
                             fmt::join(empty, ", "), root.string()));
   }
   files_.reserve(files.size());
   for (auto& [rel, label] : files) files_.push_back(Entry{std::move(rel), label});
 }
 
-std::int64_t ImageFolder::label(std::size_t i) const {
+std::int64_t FolderSource::label(std::size_t i) const {
   if (i >= files_.size()) throw_error(Errc::kInvalidArgument, fmt::format("ImageFolder: index {} out of range", i));
   return files_[i].label;
 }
 
-const std::string& ImageFolder::relative_path(std::size_t i) const {
+const std::string& FolderSource::relative_path(std::size_t i) const {
   if (i >= files_.size()) throw_error(Errc::kInvalidArgument, fmt::format("ImageFolder: index {} out of range", i));
   return files_[i].relative;
 }
 
-std::string ImageFolder::name(std::size_t i) const { return (root_ / relative_path(i)).string(); }
+std::string FolderSource::name(std::size_t i) const { return (root_ / relative_path(i)).string(); }
 
-std::span<const std::uint8_t> ImageFolder::read(std::size_t i, std::vector<std::uint8_t>& scratch) const {
-  const std::string path = name(i);
+std::span<const std::uint8_t> read_file(const std::string& path, std::vector<std::uint8_t>& scratch) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw SampleError(path, fmt::format("cannot open: {}", std::strerror(errno)));
   const std::streamoff size = in.tellg();
@@ -100,9 +112,15 @@ std::span<const std::uint8_t> ImageFolder::read(std::size_t i, std::vector<std::
   return {scratch.data(), scratch.size()};
 }
 
-std::unique_ptr<Source> open_source(const fs::path& path) {
+std::span<const std::uint8_t> FolderSource::read(std::size_t i, std::vector<std::uint8_t>& scratch) const {
+  return read_file(name(i), scratch);
+}
+
+std::unique_ptr<Source> open_source(const fs::path& path, MediaKind kind) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) return std::make_unique<ImageFolder>(path);
+  if (fs::is_directory(path, ec)) return std::make_unique<FolderSource>(path, kind);
+  const std::string ext = path.extension().string();
+  if (ext == ".csv" || ext == ".jsonl") return std::make_unique<Manifest>(path);
   return std::make_unique<RecordFile>(path);
 }
 

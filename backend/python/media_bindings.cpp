@@ -1,0 +1,169 @@
+// dlop._C.offload, the parts every media kind shares: batch makers (the
+// "image", "video" and "audio" specs) and the audio steps, each callable on
+// its own so tests can check it against a reference. numpy in and out; the
+// heavy calls release the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "bindings.hpp"
+#include "offload/audio.hpp"
+#include "offload/batch_maker.hpp"
+#include "offload/source.hpp"
+
+namespace py = pybind11;
+
+namespace dlop::python {
+namespace {
+
+using namespace dlop::offload;
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+F32Array array_of(const std::vector<float>& v, std::vector<py::ssize_t> shape) {
+  F32Array a(shape);
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
+  return a;
+}
+
+std::span<const float> floats(const F32Array& a) { return {a.data(), static_cast<std::size_t>(a.size())}; }
+
+std::span<const std::uint8_t> bytes_of(const py::bytes& b) {
+  const std::string_view v(b);
+  return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
+}
+
+py::dict layout_dict(const SampleLayout& l) {
+  py::dict d;
+  d["shape"] = l.shape;
+  d["dtype"] = l.dtype == OutputType::kUint8 ? "uint8" : "float32";
+  d["label_width"] = l.label_width;
+  d["lengths"] = l.lengths;
+  return d;
+}
+
+void bind_batch_maker(py::module_& m) {
+  py::class_<BatchMaker>(m, "BatchMaker", "a transform spec of any kind (image, video, audio), run natively")
+      .def(py::init([](const std::string& json) { return make_batch_maker(json); }), py::arg("spec"))
+      .def_property_readonly("kind", [](const BatchMaker& b) { return std::string(b.kind()); })
+      .def_property_readonly("spec", &BatchMaker::to_json)
+      .def(
+          "layout", [](const BatchMaker& b, const Source& s) { return layout_dict(b.layout(s)); }, py::arg("source"),
+          "one sample's {shape, dtype, label_width, lengths} from this source")
+      .def(
+          "run_batch",
+          [](const BatchMaker& b, const Source& source, const std::vector<std::uint64_t>& indices, std::uint64_t seed,
+             std::uint64_t epoch, std::size_t threads) {
+            const SampleLayout l = b.layout(source);
+            const auto n = static_cast<py::ssize_t>(indices.size());
+            std::vector<py::ssize_t> dims{n};
+            dims.insert(dims.end(), l.shape.begin(), l.shape.end());
+            py::array samples = l.dtype == OutputType::kUint8 ? py::array(py::array_t<std::uint8_t>(dims))
+                                                              : py::array(py::array_t<float>(dims));
+            py::array_t<std::int64_t> labels(l.label_width == 1 ? std::vector<py::ssize_t>{n}
+                                                                 : std::vector<py::ssize_t>{n, l.label_width});
+            py::array_t<std::int64_t> lengths(l.lengths ? n : 0);
+            const BatchOut out{{static_cast<std::byte*>(samples.mutable_data()), static_cast<std::size_t>(samples.nbytes())},
+                               {labels.mutable_data(), static_cast<std::size_t>(labels.size())},
+                               {lengths.mutable_data(), static_cast<std::size_t>(lengths.size())}};
+            BatchResult r;
+            {
+              py::gil_scoped_release release;
+              WorkerPool pool(threads);
+              r = b.run_batch(source, indices, seed, epoch, out, &pool);
+            }
+            py::list skipped;
+            for (const auto& s : r.skipped) skipped.append(py::make_tuple(s.index, s.reason));
+            const py::slice kept(0, static_cast<py::ssize_t>(r.count), 1);
+            py::object len = l.lengths ? py::object(lengths[kept]) : py::none();
+            return py::make_tuple(samples[kept], labels[kept], len, skipped);
+          },
+          py::arg("source"), py::arg("indices"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("threads") = 1,
+          "-> (samples N x shape, labels (N or N x classes), lengths N or None, [(index, reason) skipped])");
+}
+
+void bind_audio(py::module_& m) {
+  py::module_ a = m.def_submodule("audio", "the audio pipeline's steps, for tests and tools");
+  const auto spec_of = [](const std::string& json) { return AudioSpec::from_json(json); };
+  a.def(
+      "decode",
+      [](const py::bytes& data, double start, double end, const std::string& name) {
+        const Audio audio = decode_audio(bytes_of(data), name, TimeSpan{start, end});
+        return py::make_tuple(array_of(audio.samples, {static_cast<py::ssize_t>(audio.frames()), audio.channels}),
+                              audio.sample_rate);
+      },
+      py::arg("data"), py::arg("start") = 0.0, py::arg("end") = -1.0, py::arg("name") = "",
+      "-> (float32 frames x channels, sample rate)");
+  a.def(
+      "resample",
+      [](const F32Array& mono, int from_rate, int to_rate) {
+        const auto out = resample(floats(mono), from_rate, to_rate);
+        return array_of(out, {static_cast<py::ssize_t>(out.size())});
+      },
+      py::arg("mono"), py::arg("from_rate"), py::arg("to_rate"));
+  a.def(
+      "mel_filter_bank",
+      [=](const std::string& spec) {
+        const AudioSpec s = spec_of(spec);
+        return array_of(mel_filter_bank(s), {s.n_mels, s.n_fft / 2 + 1});
+      },
+      py::arg("spec"), "n_mels x (n_fft / 2 + 1)");
+  a.def(
+      "power_spectrogram",
+      [=](const F32Array& signal, const std::string& spec) {
+        const AudioSpec s = spec_of(spec);
+        std::size_t frames = 0;
+        const auto p = power_spectrogram(floats(signal), s, frames);
+        return array_of(p, {static_cast<py::ssize_t>(frames), s.n_fft / 2 + 1});
+      },
+      py::arg("signal"), py::arg("spec"), "frames x (n_fft / 2 + 1)");
+  a.def(
+      "log_mel",
+      [=](const F32Array& power, const F32Array& filters, const std::string& spec) {
+        const AudioSpec s = spec_of(spec);
+        const auto frames = static_cast<std::size_t>(power.ndim() == 2 ? power.shape(0) : 0);
+        const auto out = log_mel(floats(power), frames, floats(filters), s);
+        return array_of(out, {s.n_mels, static_cast<py::ssize_t>(frames)});
+      },
+      py::arg("power"), py::arg("filters"), py::arg("spec"), "n_mels x frames");
+  a.def(
+      "spec_augment",
+      [=](const F32Array& features, const std::string& spec, std::uint64_t seed, std::uint64_t epoch,
+          std::uint64_t index, std::uint64_t stream) {
+        const AudioSpec s = spec_of(spec);
+        std::vector<float> v(features.data(), features.data() + features.size());
+        SampleRng rng(SampleKey{seed, epoch, index}, stream);
+        const auto frames = static_cast<std::size_t>(features.ndim() == 2 ? features.shape(1) : 0);
+        spec_augment(v, frames, s, rng);
+        return array_of(v, {s.n_mels, static_cast<py::ssize_t>(frames)});
+      },
+      py::arg("features"), py::arg("spec"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("index") = 0,
+      py::arg("stream") = 2, "the masks a sample gets (the pipeline draws them from stream 2)");
+  a.def(
+      "features",
+      [=](const py::bytes& data, const std::string& spec, std::uint64_t seed, std::uint64_t epoch, std::uint64_t index,
+          double start, double end) {
+        const AudioSpec s = spec_of(spec);
+        std::size_t frames = 0;
+        std::vector<float> f;
+        {
+          const auto bytes = bytes_of(data);
+          py::gil_scoped_release release;
+          f = audio_features(bytes, s, SampleKey{seed, epoch, index}, TimeSpan{start, end}, frames);
+        }
+        return array_of(f, {s.n_mels, static_cast<py::ssize_t>(frames)});
+      },
+      py::arg("data"), py::arg("spec"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("index") = 0,
+      py::arg("start") = 0.0, py::arg("end") = -1.0, "one sample's n_mels x frames features, as the pipeline makes them");
+}
+
+}  // namespace
+
+void bind_media(py::module_& root) {
+  py::module_ m = root.attr("offload").cast<py::module_>();
+  bind_batch_maker(m);
+  bind_audio(m);
+}
+
+}  // namespace dlop::python

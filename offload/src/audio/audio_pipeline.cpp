@@ -1,0 +1,105 @@
+// The "audio" batch maker: decode, downmix, resample, crop, log-mel,
+// SpecAugment, then each sample padded with zeros to the spec's most frames,
+// its real length beside it.
+#include <chrono>
+#include <cstring>
+
+#include "offload/audio.hpp"
+
+namespace dlop::offload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Independent random streams of one sample, so a new draw in one step never
+// shifts another's.
+constexpr std::uint64_t kCropStream = 1;
+constexpr std::uint64_t kMaskStream = 2;
+
+struct Timed {
+  std::vector<float> features;
+  std::size_t frames = 0;
+};
+
+Timed features_of(std::span<const std::uint8_t> bytes, const AudioSpec& spec, std::span<const float> filters,
+                  const SampleKey& key, TimeSpan span, std::string_view name, StageTimes& times) {
+  const auto start = Clock::now();
+  const Audio audio = decode_audio(bytes, name, span);
+  std::vector<float> signal = resample(downmix(audio), audio.sample_rate, spec.sample_rate);
+  const auto decoded = Clock::now();
+  SampleRng crop_rng(key, kCropStream);
+  const auto crop = static_cast<std::size_t>(spec.crop_samples());
+  const std::size_t first = crop_start(signal.size(), crop, spec.crop, crop_rng);
+  const std::span<const float> cropped(signal.data() + first, std::min(crop, signal.size() - first));
+  Timed out;
+  const std::vector<float> power = power_spectrogram(cropped, spec, out.frames);
+  out.features = log_mel(power, out.frames, filters, spec);
+  SampleRng mask_rng(key, kMaskStream);
+  spec_augment(out.features, out.frames, spec, mask_rng);
+  times.decode += seconds(decoded - start);
+  times.augment += seconds(Clock::now() - decoded);
+  return out;
+}
+
+class AudioPipeline final : public BatchMaker {
+ public:
+  explicit AudioPipeline(AudioSpec spec) : spec_(spec), filters_(mel_filter_bank(spec_)) {}
+
+  std::string_view kind() const override { return "audio"; }
+  ErrorPolicy on_error() const override { return spec_.on_error; }
+  std::string to_json() const override { return spec_.to_json(); }
+
+  SampleLayout layout(const Source& source) const override {
+    SampleLayout l;
+    l.shape = {static_cast<std::uint32_t>(spec_.n_mels), static_cast<std::uint32_t>(spec_.max_frames())};
+    l.label_width = source.multi_label() ? static_cast<std::uint32_t>(source.classes().size()) : 1;
+    l.lengths = true;
+    return l;
+  }
+
+  BatchResult run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+                        std::uint64_t epoch, const BatchOut& out, WorkerPool* pool) const override {
+    const SampleLayout l = layout(source);
+    const std::size_t mels = l.shape[0], most = l.shape[1];
+    std::vector<std::vector<std::uint8_t>> scratch(pool != nullptr ? pool->threads() : 1);
+    return run_samples(source, indices, l, out, spec_.on_error, pool,
+                       [&](std::size_t k, std::size_t worker, StageTimes& times) {
+                         const std::uint64_t index = indices[k];
+                         const auto start = Clock::now();
+                         const auto bytes = source.read(index, scratch[worker]);
+                         times.read += seconds(Clock::now() - start);
+                         const Timed f = features_of(bytes, spec_, filters_, SampleKey{seed, epoch, index},
+                                                     source.time_span(index), {}, times);
+                         const auto made = Clock::now();
+                         auto* dst = reinterpret_cast<float*>(out.samples.data() + k * l.sample_bytes());
+                         for (std::size_t m = 0; m < mels; ++m) {
+                           std::memcpy(dst + m * most, f.features.data() + m * f.frames, f.frames * sizeof(float));
+                           std::memset(dst + m * most + f.frames, 0, (most - f.frames) * sizeof(float));
+                         }
+                         out.lengths[k] = static_cast<std::int64_t>(f.frames);
+                         write_labels(source, index, out.labels.subspan(k * l.label_width, l.label_width));
+                         times.collate += seconds(Clock::now() - made);
+                       });
+  }
+
+ private:
+  AudioSpec spec_;
+  std::vector<float> filters_;
+};
+
+}  // namespace
+
+std::vector<float> audio_features(std::span<const std::uint8_t> bytes, const AudioSpec& spec, const SampleKey& key,
+                                  TimeSpan span, std::size_t& frames, std::string_view name) {
+  StageTimes unused;
+  Timed t = features_of(bytes, spec, mel_filter_bank(spec), key, span, name, unused);
+  frames = t.frames;
+  return std::move(t.features);
+}
+
+std::unique_ptr<BatchMaker> make_audio_pipeline(std::string_view spec_json) {
+  return std::make_unique<AudioPipeline>(AudioSpec::from_json(spec_json));
+}
+
+}  // namespace dlop::offload

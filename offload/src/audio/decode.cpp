@@ -1,0 +1,122 @@
+// Decoding from memory with libsndfile's virtual I/O, and soxr resampling.
+#include <sndfile.h>
+#include <soxr.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "offload/audio.hpp"
+#include "core/error.hpp"
+#include "offload/image.hpp"
+
+namespace dlop::offload {
+namespace {
+
+struct Memory {
+  std::span<const std::uint8_t> bytes;
+  sf_count_t at = 0;
+};
+
+sf_count_t mem_length(void* user) { return static_cast<sf_count_t>(static_cast<Memory*>(user)->bytes.size()); }
+sf_count_t mem_seek(sf_count_t offset, int whence, void* user) {
+  auto* m = static_cast<Memory*>(user);
+  const sf_count_t size = static_cast<sf_count_t>(m->bytes.size());
+  sf_count_t to = whence == SEEK_SET ? offset : whence == SEEK_CUR ? m->at + offset : size + offset;
+  m->at = std::clamp<sf_count_t>(to, 0, size);
+  return m->at;
+}
+sf_count_t mem_read(void* out, sf_count_t count, void* user) {
+  auto* m = static_cast<Memory*>(user);
+  const sf_count_t n = std::clamp<sf_count_t>(static_cast<sf_count_t>(m->bytes.size()) - m->at, 0, count);
+  std::memcpy(out, m->bytes.data() + m->at, static_cast<std::size_t>(n));
+  m->at += n;
+  return n;
+}
+sf_count_t mem_write(const void*, sf_count_t, void*) { return 0; }
+sf_count_t mem_tell(void* user) { return static_cast<Memory*>(user)->at; }
+
+}  // namespace
+
+Audio decode_audio(std::span<const std::uint8_t> bytes, std::string_view name, TimeSpan span) {
+  const std::string who(name);
+  if (bytes.empty()) throw SampleError(who, "empty file (0 bytes)");
+  Memory memory{bytes};
+  SF_VIRTUAL_IO io{mem_length, mem_seek, mem_read, mem_write, mem_tell};
+  SF_INFO info{};
+  SNDFILE* file = sf_open_virtual(&io, SFM_READ, &info, &memory);
+  if (file == nullptr) throw SampleError(who, fmt::format("not an audio file libsndfile reads: {}", sf_strerror(nullptr)));
+  struct Closer {
+    SNDFILE* f;
+    ~Closer() { sf_close(f); }
+  } closer{file};
+  if (info.channels <= 0 || info.samplerate <= 0) throw SampleError(who, "no channels or no sample rate in its header");
+
+  sf_count_t first = 0;
+  sf_count_t last = info.frames;  // MP3's count can be an estimate: reading stops at the real end anyway
+  if (span.start > 0) first = static_cast<sf_count_t>(std::floor(span.start * info.samplerate));
+  if (span.end >= 0) last = std::min<sf_count_t>(last, static_cast<sf_count_t>(std::ceil(span.end * info.samplerate)));
+  if (first > 0 && sf_seek(file, first, SEEK_SET) < 0) {
+    throw SampleError(who, fmt::format("cannot seek to {} s: {}", span.start, sf_strerror(file)));
+  }
+  Audio audio;
+  audio.sample_rate = info.samplerate;
+  audio.channels = info.channels;
+  const sf_count_t want = std::max<sf_count_t>(last - first, 0);
+  audio.samples.resize(static_cast<std::size_t>(want) * static_cast<std::size_t>(info.channels));
+  const sf_count_t got = want > 0 ? sf_readf_float(file, audio.samples.data(), want) : 0;
+  if (sf_error(file) != SF_ERR_NO_ERROR) throw SampleError(who, fmt::format("decoding failed: {}", sf_strerror(file)));
+  audio.samples.resize(static_cast<std::size_t>(got) * static_cast<std::size_t>(info.channels));
+  if (got == 0) throw SampleError(who, span.start > 0 || span.end >= 0 ? "no audio in its time span" : "no audio samples");
+  return audio;
+}
+
+std::vector<float> downmix(const Audio& audio) {
+  const std::size_t frames = audio.frames();
+  const auto channels = static_cast<std::size_t>(audio.channels);
+  if (channels == 1) return audio.samples;
+  std::vector<float> mono(frames);
+  const float scale = 1.0f / static_cast<float>(channels);
+  for (std::size_t f = 0; f < frames; ++f) {
+    float sum = 0;
+    for (std::size_t c = 0; c < channels; ++c) sum += audio.samples[f * channels + c];
+    mono[f] = sum * scale;
+  }
+  return mono;
+}
+
+std::vector<float> resample(std::span<const float> mono, int from_rate, int to_rate) {
+  if (from_rate == to_rate) return {mono.begin(), mono.end()};
+  const auto out_len = static_cast<std::size_t>(
+      std::ceil(static_cast<double>(mono.size()) * to_rate / static_cast<double>(from_rate)));
+  std::vector<float> out(out_len);
+  std::size_t done = 0;
+  const soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
+  const soxr_quality_spec_t quality = soxr_quality_spec(SOXR_HQ, 0);
+  // Single-threaded: the worker pool already runs one sample per core.
+  const soxr_runtime_spec_t runtime = soxr_runtime_spec(1);
+  if (const soxr_error_t e = soxr_oneshot(from_rate, to_rate, 1, mono.data(), mono.size(), nullptr, out.data(),
+                                          out.size(), &done, &io, &quality, &runtime)) {
+    // A header with an absurd rate fails here: a fault of the sample, named by the caller.
+    throw SampleError("", fmt::format("soxr: resampling {} Hz to {} Hz failed: {}", from_rate, to_rate, e));
+  }
+  out.resize(done);
+  return out;
+}
+
+std::size_t crop_start(std::size_t length, std::size_t crop, AudioCrop how, SampleRng& rng) {
+  if (length <= crop) return 0;
+  switch (how) {
+    case AudioCrop::kStart:
+      return 0;
+    case AudioCrop::kCenter:
+      return (length - crop) / 2;
+    case AudioCrop::kRandom:
+      return static_cast<std::size_t>(rng.randint(0, static_cast<std::int64_t>(length - crop) + 1));
+  }
+  return 0;
+}
+
+}  // namespace dlop::offload

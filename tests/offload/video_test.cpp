@@ -71,14 +71,14 @@ class Clips {
                                      path(file).string()));
     std::vector<std::int64_t> pts;
     for (std::string line; std::getline(lines, line);) {
-      if (!line.empty()) pts.push_back(std::stoll(line));
+      if (!line.empty()) pts.push_back(line.starts_with("N/A") ? -1 : std::stoll(line));
     }
     return pts;
   }
   // ffprobe's keyframe packets, by pts.
   std::vector<std::int64_t> probe_keyframes(const std::string& file) const {
-    std::istringstream lines(capture("ffprobe -v error -select_streams v:0 -show_entries packet=pts,flags -of csv=p=0 " +
-                                     path(file).string()));
+    std::istringstream lines(capture(
+        "ffprobe -v error -select_streams v:0 -show_entries packet=pts,flags -of csv=p=0 " + path(file).string()));
     std::vector<std::int64_t> keys;
     for (std::string line; std::getline(lines, line);) {
       const auto comma = line.find(',');
@@ -115,7 +115,8 @@ class Clips {
     // testsrc2 makes even sides only; H.264's 4:2:0 needs even sides too, its
     // 4:4:4 takes any.
     make("h264_odd.mp4", 321, 241, src(320, 240, 1), "-vf scale=321:241 -c:v libx264 -g 16 -bf 2 -pix_fmt yuv444p");
-    make("vp9_odd.webm", 321, 241, src(320, 240, 1), "-vf scale=321:241 -c:v libvpx-vp9 -g 16 -deadline realtime -cpu-used 8");
+    make("vp9_odd.webm", 321, 241, src(320, 240, 1),
+         "-vf scale=321:241 -c:v libvpx-vp9 -g 16 -deadline realtime -cpu-used 8");
     make("hevc.mkv", 160, 120, src(160, 120, 2, "mandelbrot"),
          "-c:v libx265 -x265-params log-level=error:keyint=16:bframes=2 -pix_fmt yuv420p");
     if (has_encoder("libaom-av1")) {
@@ -126,6 +127,8 @@ class Clips {
     make("vfr.mp4", 160, 120, src(160, 120, 2),
          "-vf \"settb=1/1000,setpts='(N*40+if(mod(N\\,5)\\,0\\,15)+floor(N/10)*7)/1000/TB'\" -fps_mode vfr "
          "-enc_time_base 1/1000 -c:v libx264 -g 16 -bf 2");
+    // AVI stores no pts: with B-frames, frames are found by their count.
+    make("mpeg4_bframes.avi", 160, 120, src(160, 120, 2), "-c:v mpeg4 -g 12 -bf 2");
     // A still picture, losslessly coded: every decoded frame is the same.
     make("still.mp4", 160, 120, src(160, 120, 2, "smptebars"), "-c:v libx264 -qp 0 -g 8 -bf 2 -pix_fmt yuv444p");
   }
@@ -138,7 +141,8 @@ class Clips {
 std::vector<std::uint8_t> reference_frame(const std::vector<std::uint8_t>& all, const Clip& clip, std::size_t k) {
   const std::size_t bytes = static_cast<std::size_t>(clip.width) * clip.height * 3;
   if ((k + 1) * bytes > all.size()) return {};
-  return {all.begin() + static_cast<std::ptrdiff_t>(k * bytes), all.begin() + static_cast<std::ptrdiff_t>((k + 1) * bytes)};
+  const auto at = all.begin() + static_cast<std::ptrdiff_t>(k * bytes);
+  return {at, at + static_cast<std::ptrdiff_t>(bytes)};
 }
 
 // Decodes `wanted` and checks every frame against ffmpeg's, in order.
@@ -161,9 +165,14 @@ TEST(VideoIndex, MatchesFfprobe) {
   for (const Clip& clip : Clips::get().all()) {
     SCOPED_TRACE(clip.file);
     const FrameIndex index = scan_frame_index(Clips::get().bytes(clip.file), clip.file);
-    EXPECT_EQ(index.pts, Clips::get().probe_pts(clip.file));
     EXPECT_EQ(index.width, clip.width);
     EXPECT_EQ(index.height, clip.height);
+    EXPECT_EQ(index.decode_order, clip.file.ends_with(".avi"));
+    if (index.decode_order) {
+      EXPECT_EQ(index.frames(), Clips::get().probe_pts(clip.file).size());
+      continue;
+    }
+    EXPECT_EQ(index.pts, Clips::get().probe_pts(clip.file));
     std::vector<std::int64_t> keys;
     for (std::size_t i = 0; i < index.frames(); ++i) {
       if (index.keyframe[i] != 0) keys.push_back(index.pts[i]);
@@ -196,7 +205,11 @@ TEST(VideoIndex, SerializeRoundTripsAndRejectsMalformedBytes) {
   EXPECT_EQ(back.time_base_den, index.time_base_den);
   EXPECT_EQ(back.width, index.width);
   EXPECT_EQ(back.height, index.height);
+  EXPECT_EQ(back.decode_order, false);
   EXPECT_EQ(back.serialize(), bytes);
+  FrameIndex counted = index;
+  counted.decode_order = true;
+  EXPECT_TRUE(FrameIndex::parse(counted.serialize(), "b.avi").decode_order);
 
   const auto rejects = [](std::vector<std::uint8_t> b, const std::string& why) {
     try {
@@ -219,14 +232,17 @@ TEST(VideoIndex, SerializeRoundTripsAndRejectsMalformedBytes) {
   version[4] = 2;
   rejects(version, "unknown version");
   auto huge = bytes;
-  for (std::size_t i = 28; i < 36; ++i) huge[i] = 0xff;  // the frame count
+  for (std::size_t i = 32; i < 40; ++i) huge[i] = 0xff;  // the frame count
   rejects(huge, "a count of 2^64 - 1");
   auto zero_base = bytes;
-  std::fill(zero_base.begin() + 16, zero_base.begin() + 20, 0);  // the time base's denominator
+  std::fill(zero_base.begin() + 20, zero_base.begin() + 24, 0);  // the time base's denominator
   rejects(zero_base, "a zero time base");
   auto unordered = bytes;
-  std::copy_n(bytes.begin() + 36, 8, unordered.begin() + 44);  // frame 1's pts := frame 0's
+  std::copy_n(bytes.begin() + 40, 8, unordered.begin() + 48);  // frame 1's pts := frame 0's
   rejects(unordered, "timestamps not ascending");
+  auto flags = bytes;
+  flags[9] = 1;
+  rejects(flags, "an unknown flag");
   auto flag = bytes;
   flag.back() = 7;
   rejects(flag, "a keyframe flag of 7");
@@ -295,7 +311,13 @@ class MemorySource final : public Source {
     TimeSpan span;
     std::vector<std::uint8_t> sidecar;
   };
-  explicit MemorySource(std::vector<Item> items) : items_(std::move(items)) {}
+  // A multi-label source gives sample i the classes label(i) and label(i) + 1.
+  explicit MemorySource(std::vector<Item> items, bool multi = false) : items_(std::move(items)), multi_(multi) {}
+  bool multi_label() const override { return multi_; }
+  std::vector<std::int64_t> labels(std::size_t i) const override {
+    if (!multi_) return {label(i)};
+    return {label(i), (label(i) + 1) % 3};
+  }
   std::size_t size() const override { return items_.size(); }
   const std::vector<std::string>& classes() const override { return classes_; }
   std::int64_t label(std::size_t i) const override { return items_.at(i).label; }
@@ -311,6 +333,7 @@ class MemorySource final : public Source {
  private:
   std::vector<Item> items_;
   std::vector<std::string> classes_{"a", "b", "c"};
+  bool multi_ = false;
 };
 
 MemorySource::Item item(const std::string& file, std::int64_t label = 0, TimeSpan span = {}) {
@@ -398,6 +421,11 @@ TEST(VideoClip, LayoutsViewsLabelsAndFloatOutputAgree) {
       }
     }
   }
+  const MemorySource multi({item("h264_gop16.mp4", 2), item("hevc.mkv", 0)}, true);
+  const Batch multi_hot = run_batch("{\"kind\": \"video\", " + common + "}", multi, {0, 1});
+  EXPECT_EQ(multi_hot.layout.label_width, 3u);
+  EXPECT_EQ(multi_hot.labels, (std::vector<std::int64_t>{1, 0, 1, 1, 1, 0}));
+  EXPECT_TRUE(multi_hot.samples == cthw.samples);
   // The two views of a sample are different clips.
   const std::size_t view = 3 * 5 * plane;
   EXPECT_FALSE(std::equal(u8(cthw), u8(cthw) + view, u8(cthw) + view));
@@ -420,7 +448,8 @@ TEST(VideoClip, SameKeySameBytesOnAnyNumberOfThreads) {
   // One sample alone is the same as in its batch: nothing depends on batch mates.
   const Batch alone = run_batch(spec, source, {indices[2]}, 7, 3, 1);
   const std::size_t size = one.layout.sample_bytes();
-  EXPECT_TRUE(std::equal(alone.samples.begin(), alone.samples.end(), one.samples.begin() + 2 * static_cast<std::ptrdiff_t>(size)));
+  EXPECT_TRUE(std::equal(alone.samples.begin(), alone.samples.end(),
+                         one.samples.begin() + 2 * static_cast<std::ptrdiff_t>(size)));
   const Batch other_epoch = run_batch(spec, source, indices, 7, 4, 1);
   EXPECT_FALSE(one.samples == other_epoch.samples);
 }
@@ -515,7 +544,8 @@ TEST(VideoClip, ErrorPoliciesAndSidecars) {
   ASSERT_EQ(skipped.result.skipped.size(), 2u);
   EXPECT_EQ(skipped.result.skipped[0].index, 1u);
   EXPECT_EQ(skipped.result.skipped[1].index, 3u);
-  EXPECT_NE(skipped.result.skipped[1].reason.find("frame index"), std::string::npos) << skipped.result.skipped[1].reason;
+  const std::string& reason = skipped.result.skipped[1].reason;
+  EXPECT_NE(reason.find("frame index"), std::string::npos) << reason;
   EXPECT_EQ(skipped.labels[0], 1);
   EXPECT_EQ(skipped.labels[1], 2);
   // The packed sample (its index from the sidecar) equals the same file scanned.

@@ -85,8 +85,8 @@ class ClipPipeline final : public BatchMaker {
                          const std::uint64_t index = indices[k];
                          Scratch& s = scratch[worker];
                          s.times = {};
-                         make(source, index, SampleKey{seed, epoch, index}, out.samples.data() + k * shape.sample_bytes(),
-                              s);
+                         std::byte* sample = out.samples.data() + k * shape.sample_bytes();
+                         make(source, index, SampleKey{seed, epoch, index}, sample, s);
                          write_labels(source, index, out.labels.subspan(k * shape.label_width, shape.label_width));
                          times += s.times;
                        });
@@ -209,8 +209,8 @@ class ClipPipeline final : public BatchMaker {
     std::vector<std::size_t> wanted(slots.size());
     std::transform(slots.begin(), slots.end(), wanted.begin(), [](const Slot& x) { return x.frame; });
 
-    const std::size_t view_bytes = 3 * static_cast<std::size_t>(spec_.frames) * static_cast<std::size_t>(spec_.crop[0]) *
-                                   static_cast<std::size_t>(spec_.crop[1]) *
+    const std::size_t view_bytes = 3 * static_cast<std::size_t>(spec_.frames) *
+                                   static_cast<std::size_t>(spec_.crop[0] * spec_.crop[1]) *
                                    (spec_.output == OutputType::kUint8 ? 1 : 4);
     double in_sink = 0;
     decode_frames(bytes, frames, wanted, "", [&](std::size_t k, const Image& rgb) {

@@ -1,10 +1,6 @@
-// The "video" transform spec, for example
-//   {"kind": "video", "frames": 16, "stride": 2, "views": 1, "start": "random",
-//    "jitter": 0, "short_side": [128, 160], "crop": 112, "crop_position": "random",
-//    "hflip": 0.5, "normalize": {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]},
-//    "layout": "CTHW", "output": "float32", "on_error": "raise", "short_clip": "pad"}
-// Only "crop" is required. Unknown keys and bad values are kInvalidArgument
-// errors naming the field.
+// The "video" transform spec (its fields are documented with
+// make_clip_pipeline in offload/video.hpp), parsed strictly: unknown keys and
+// bad values are kInvalidArgument errors naming the field.
 #pragma once
 
 #include <array>

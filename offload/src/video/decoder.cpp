@@ -73,10 +73,12 @@ class FrameReader {
   // Starts decoding at the keyframe at position `key` (false when the
   // container refuses the seek).
   bool seek(std::size_t key) {
+    if (index_.decode_order) return false;
     const int rc = av_seek_frame(input_->format(), input_->stream_index(), index_.pts[key], AVSEEK_FLAG_BACKWARD);
     if (rc < 0) return false;
     avcodec_flush_buffers(codec_.get());
     draining_ = false;
+    decoded_.reset();
     return true;
   }
 
@@ -87,7 +89,10 @@ class FrameReader {
   bool next() {
     for (;;) {
       const int rc = avcodec_receive_frame(codec_.get(), frame_.get());
-      if (rc == 0) return true;
+      if (rc == 0) {
+        if (decoded_) ++*decoded_;
+        return true;
+      }
       if (rc == AVERROR_EOF) return false;
       if (rc != AVERROR(EAGAIN)) input_->fail(fmt::format("decoding failed: {}", detail::av_error(rc)));
       if (input_->read_video_packet(packet_.get())) {
@@ -106,6 +111,11 @@ class FrameReader {
   const AVFrame& frame() const { return *frame_; }
   std::int64_t timestamp() const { return frame_->best_effort_timestamp; }
   const AvInput& input() const { return *input_; }
+  // The position of the frame just decoded by its count from the first
+  // frame; none after a seek.
+  std::optional<std::size_t> count() const {
+    return decoded_ && *decoded_ > 0 ? std::optional<std::size_t>(*decoded_ - 1) : std::nullopt;
+  }
 
  private:
   void open() {
@@ -117,6 +127,7 @@ class FrameReader {
     }
     codec_ = input_->open_decoder();
     draining_ = false;
+    decoded_ = 0;
   }
 
   std::span<const std::uint8_t> bytes_;
@@ -127,6 +138,7 @@ class FrameReader {
   detail::PacketPtr packet_ = detail::make_packet();
   detail::FramePtr frame_ = detail::make_frame();
   bool draining_ = false;
+  std::optional<std::size_t> decoded_;  // frames since the first, unless sought
 };
 
 // The last keyframe at or before position `frame`; frames before the first
@@ -145,7 +157,8 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
                    const std::function<void(std::size_t k, const Image& rgb)>& sink) {
   if (wanted.empty()) return;
   if (index.keyframe.size() != index.frames()) {
-    throw_error(Errc::kInvalidArgument, fmt::format("decode_frames: {}: the frame index's keyframe flags do not match its frames", name));
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("decode_frames: {}: the frame index's keyframe flags do not match its frames", name));
   }
   if (!std::is_sorted(wanted.begin(), wanted.end()) || wanted.back() >= index.frames()) {
     throw_error(Errc::kInvalidArgument,
@@ -155,7 +168,9 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
   RgbConverter converter;
   Image rgb;
   std::size_t k = 0;
-  bool from_start = false;  // seeking proved unreliable: one pass from the start
+  // One pass from the start: seeking proved unreliable, or frames are
+  // counted rather than matched by timestamp.
+  bool from_start = index.decode_order;
   // Where the decoder is: the position of the last frame it gave, or none
   // (just opened or just sought).
   std::optional<std::size_t> at;
@@ -170,6 +185,9 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
     }
     at.reset();
   };
+  const auto missing = [&] {
+    reader.input().fail(fmt::format("frame {} (pts {}) is not in its decoded stream", wanted[k], index.pts[wanted[k]]));
+  };
   start_run();
   while (k < wanted.size()) {
     if (!reader.next()) {
@@ -179,17 +197,23 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
         at.reset();
         continue;
       }
-      reader.input().fail(fmt::format("frame {} (pts {}) is not in its decoded stream", wanted[k], index.pts[wanted[k]]));
+      missing();
     }
-    const std::int64_t ts = reader.timestamp();
-    const auto pos = std::lower_bound(index.pts.begin(), index.pts.end(), ts);
-    if (pos == index.pts.end() || *pos != ts) continue;  // a frame the index does not list
-    const auto p = static_cast<std::size_t>(pos - index.pts.begin());
+    std::size_t p = 0;
+    if (index.decode_order) {
+      p = reader.count().value();  // never sought: seek() refuses
+      if (p >= index.frames()) continue;
+    } else {
+      const std::int64_t ts = reader.timestamp();
+      const auto pos = std::lower_bound(index.pts.begin(), index.pts.end(), ts);
+      if (pos == index.pts.end() || *pos != ts) continue;  // a frame the index does not list
+      p = static_cast<std::size_t>(pos - index.pts.begin());
+    }
     if (p > wanted[k]) {
       // The seek landed after the wanted frame (a container whose seek
       // index disagrees with its timestamps): decode from the start.
       if (from_start) {
-        reader.input().fail(fmt::format("frame {} (pts {}) is not in its decoded stream", wanted[k], index.pts[wanted[k]]));
+        missing();
       }
       from_start = true;
       reader.restart();

@@ -16,7 +16,8 @@ namespace {
 // and each frame takes an int64 pts and a keyframe byte.
 constexpr std::uint8_t kMagic[4] = {'D', 'L', 'F', 'I'};
 constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kHeaderBytes = 4 + 4 + 5 * 4 + 8;
+constexpr std::size_t kHeaderBytes = 4 + 4 + 4 + 5 * 4 + 8;
+constexpr std::uint32_t kDecodeOrder = 1;
 constexpr std::size_t kFrameBytes = 8 + 1;
 constexpr int kMaxDimension = 1 << 16;
 
@@ -33,7 +34,9 @@ class Reader {
   T get() {
     if (bytes_.size() - at_ < sizeof(T)) fail("truncated");
     std::make_unsigned_t<T> bits = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) bits |= static_cast<std::make_unsigned_t<T>>(bytes_[at_ + i]) << (8 * i);
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      bits |= static_cast<std::make_unsigned_t<T>>(bytes_[at_ + i]) << (8 * i);
+    }
     at_ += sizeof(T);
     return static_cast<T>(bits);
   }
@@ -58,6 +61,7 @@ std::vector<std::uint8_t> FrameIndex::serialize() const {
   std::vector<std::uint8_t> out(kMagic, kMagic + 4);
   out.reserve(kHeaderBytes + frames() * kFrameBytes);
   put(out, kVersion);
+  put(out, decode_order ? kDecodeOrder : std::uint32_t{0});
   put(out, std::int32_t{stream});
   put(out, time_base_num);
   put(out, time_base_den);
@@ -77,6 +81,9 @@ FrameIndex FrameIndex::parse(std::span<const std::uint8_t> bytes, std::string_vi
     r.fail(fmt::format("version {} (this reader knows {})", version, kVersion));
   }
   FrameIndex index;
+  const auto flags = r.get<std::uint32_t>();
+  if ((flags & ~kDecodeOrder) != 0) r.fail(fmt::format("unknown flags {:#x}", flags));
+  index.decode_order = (flags & kDecodeOrder) != 0;
   index.stream = r.get<std::int32_t>();
   index.time_base_num = r.get<std::int32_t>();
   index.time_base_den = r.get<std::int32_t>();
@@ -131,9 +138,9 @@ FrameIndex scan_frame_index(std::span<const std::uint8_t> container, std::string
     // drop their frames), so they are not frames of the video.
     const bool shown = packet->size > 0 && (packet->flags & AV_PKT_FLAG_DISCARD) == 0;
     if (shown) {
-      // Without a pts (raw streams, some AVIs) the decoder's best-effort
-      // timestamp falls back to the dts, and so does the index; with
-      // neither, the frame follows the previous one.
+      // Without a pts the index falls back to the dts; with neither, the
+      // frame follows the previous one.
+      if (packet->pts == AV_NOPTS_VALUE) index.decode_order = true;
       std::int64_t pts = packet->pts != AV_NOPTS_VALUE ? packet->pts : packet->dts;
       if (pts == AV_NOPTS_VALUE) pts = last == AV_NOPTS_VALUE ? 0 : last + std::max<std::int64_t>(packet->duration, 1);
       entries.push_back({pts, (packet->flags & AV_PKT_FLAG_KEY) != 0});
@@ -142,11 +149,15 @@ FrameIndex scan_frame_index(std::span<const std::uint8_t> container, std::string
     av_packet_unref(packet.get());
   }
   // Packets come in decoding order; B-frames are shown before the frames
-  // they were decoded after.
+  // they were decoded after. (With decode_order, the dts may not say when a
+  // frame is shown; the count of frames still holds.)
+  if (index.decode_order) {
+    for (std::size_t i = 1; i < entries.size(); ++i) entries[i].pts = std::max(entries[i].pts, entries[i - 1].pts + 1);
+  }
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.pts < b.pts; });
   // A timestamp shown twice cannot tell its frames apart: the first stays.
-  entries.erase(std::unique(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.pts == b.pts; }),
-                entries.end());
+  const auto same = [](const Entry& a, const Entry& b) { return a.pts == b.pts; };
+  entries.erase(std::unique(entries.begin(), entries.end(), same), entries.end());
   if (entries.empty()) input.fail("no video frames");
   index.pts.reserve(entries.size());
   index.keyframe.reserve(entries.size());

@@ -212,9 +212,7 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
     if (p > wanted[k]) {
       // The seek landed after the wanted frame (a container whose seek
       // index disagrees with its timestamps): decode from the start.
-      if (from_start) {
-        missing();
-      }
+      if (from_start) missing();
       from_start = true;
       reader.restart();
       at.reset();

@@ -52,9 +52,10 @@ Cursor dict_cursor(const py::dict& d) {
   return c;
 }
 
-// (position, images, labels, slot, skipped): images and labels are tensors
-// viewing the slot. The Python path: (position, blob, None, slot, skipped),
-// blob a uint8 numpy view.
+// (position, samples, labels, slot, skipped, lengths): samples, labels and
+// lengths (None when the layout has none) are tensors viewing the slot. The
+// Python path: (position, blob, None, slot, skipped, None), blob a uint8
+// numpy view.
 py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
   const BatchLayout& l = m->layout();
   if (l.dtype == protocol::Dtype::kPythonBlob) {
@@ -62,16 +63,21 @@ py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
     auto* keep = new std::shared_ptr<LeaseManager>(m);
     py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<LeaseManager>*>(p); });
     py::array_t<std::uint8_t> blob({static_cast<py::ssize_t>(b.bytes)}, reinterpret_cast<std::uint8_t*>(b.images), base);
-    return py::make_tuple(b.position, blob, py::none(), b.slot, b.skipped);
+    return py::make_tuple(b.position, blob, py::none(), b.slot, b.skipped, py::none());
   }
   const auto count = static_cast<std::int64_t>(b.count);
   const auto keep = [m](void*) {};  // the copy of m is the reference
-  const at::Tensor images =
-      torch::from_blob(b.images, {count, static_cast<std::int64_t>(l.channels), static_cast<std::int64_t>(l.height),
-                                  static_cast<std::int64_t>(l.width)},
-                       keep, torch::dtype(l.dtype == protocol::Dtype::kUint8 ? torch::kUInt8 : torch::kFloat32));
-  const at::Tensor labels = torch::from_blob(b.labels, {count}, keep, torch::dtype(torch::kInt64));
-  return py::make_tuple(b.position, images, labels, b.slot, b.skipped);
+  std::vector<std::int64_t> shape{count};
+  shape.insert(shape.end(), l.shape.begin(), l.shape.end());
+  const at::Tensor samples =
+      torch::from_blob(b.images, shape, keep, torch::dtype(l.dtype == protocol::Dtype::kUint8 ? torch::kUInt8 : torch::kFloat32));
+  const at::Tensor labels =
+      l.label_width == 1 ? torch::from_blob(b.labels, {count}, keep, torch::dtype(torch::kInt64))
+                         : torch::from_blob(b.labels, {count, static_cast<std::int64_t>(l.label_width)}, keep,
+                                            torch::dtype(torch::kInt64));
+  py::object lengths = py::none();
+  if (b.lengths != nullptr) lengths = py::cast(torch::from_blob(b.lengths, {count}, keep, torch::dtype(torch::kInt64)));
+  return py::make_tuple(b.position, samples, labels, b.slot, b.skipped, lengths);
 }
 
 }  // namespace

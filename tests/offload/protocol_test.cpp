@@ -68,7 +68,7 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   direct.proof_address = 0x7fff0000beefull;
   EXPECT_EQ(round_trip(direct).pid, 4242u);
   EXPECT_EQ(round_trip(direct).proof_address, 0x7fff0000beefull);
-  const Configured layout{1000, 10, 3, 8, 8, Dtype::kFloat32, 768, 1536, 1552};
+  const Configured layout{1000, 10, {3, 8, 8}, Dtype::kFloat32, 768, 1, 1536, 0, 1552};
   const Configured l2 = round_trip(layout);
   EXPECT_EQ(l2.labels_offset, 1536u);
   EXPECT_EQ(l2.dtype, Dtype::kFloat32);
@@ -146,8 +146,8 @@ TEST(OffloadProtocol, MalformedFramesAreRefused) {
   const Bytes good = w.encode(MsgType::kPing, encode(Ping{1}));
   expect_refused(patched(good, 0, {'G', 'E', 'T', ' '}), "bad magic");
   expect_refused(Bytes{'H'}, "bad magic");  // refused before a whole header arrives
-  expect_refused(patched(good, 4, {3, 0}), "version 3 not supported");  // the version before the current one
-  expect_refused(patched(good, 4, {5, 0}), "version 5 not supported");
+  expect_refused(patched(good, 4, {4, 0}), "version 4 not supported");  // the version before the current one
+  expect_refused(patched(good, 4, {6, 0}), "version 6 not supported");
   expect_refused(patched(good, 6, {0, 0}), "unknown message type 0");
   expect_refused(patched(good, 6, {99, 0}), "unknown message type 99");
   expect_refused(patched(good, 8, {1, 0, 0, 0}), "unknown flags");
@@ -205,8 +205,16 @@ TEST(OffloadProtocol, MalformedMessagesAreRefused) {
   Configure zero = sample_configure();
   zero.batch_size = 0;
   expect_protocol_error([&] { decode<Configure>(encode(zero)); }, "batch size 0");
-  expect_protocol_error([&] { decode<Configured>(encode(Configured{1, 1, 3, 8, 8, Dtype::kUint8, 100, 128, 136})); },
+  expect_protocol_error([&] { decode<Configured>(encode(Configured{1, 1, {3, 8, 8}, Dtype::kUint8, 100, 1, 128, 0, 136})); },
                         "inconsistent");
+  // Lengths that would overlap the labels, and a shape with a zero or too many dimensions.
+  expect_protocol_error(
+      [&] { decode<Configured>(encode(Configured{1, 1, {2, 4}, Dtype::kFloat32, 32, 1, 64, 64, 80})); }, "inconsistent");
+  expect_protocol_error(
+      [&] { decode<Configured>(encode(Configured{1, 1, {2, 0}, Dtype::kFloat32, 0, 1, 64, 0, 80})); }, "inconsistent");
+  expect_protocol_error([&] {
+    decode<Configured>(encode(Configured{1, 1, {1, 1, 1, 1, 1, 1, 1}, Dtype::kUint8, 1, 1, 64, 0, 72}));
+  }, "inconsistent");
   Bytes bad_code = encode(ErrorMsg{1, ErrorCode::kSample, "x"});
   bad_code[8] = 77;
   expect_protocol_error([&] { decode<ErrorMsg>(bad_code); }, "unknown code 77");

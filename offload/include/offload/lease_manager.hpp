@@ -112,6 +112,7 @@ struct Batch {
   // batch blob (dlop.data._python_job) of `bytes`, `labels` null.
   std::byte* images = nullptr;
   std::int64_t* labels = nullptr;
+  std::int64_t* lengths = nullptr;  // native, when the layout has lengths
   std::vector<std::uint64_t> indices;  // the samples asked for
   std::vector<std::uint64_t> skipped;  // those left out under the skip policy
 };

@@ -54,8 +54,9 @@ struct OffloadConfig {
   std::vector<std::uint8_t> python;
 };
 
-// Where things lie in a batch buffer (see protocol::Configured): images
-// count x C x H x W from offset 0, int64 labels from labels_offset.
+// Where things lie in a batch buffer (see protocol::Configured): samples
+// from offset 0, int64 labels from labels_offset, lengths (when any) from
+// lengths_offset.
 using BatchLayout = protocol::Configured;
 
 struct Completion {

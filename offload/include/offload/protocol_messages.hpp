@@ -129,33 +129,41 @@ struct Configure {
 enum class Dtype : std::uint8_t { kFloat32 = 0, kUint8 = 1, kPythonBlob = 2 };
 inline constexpr std::uint8_t kMaxDtype = 2;
 
-// The layout of one batch in the client's buffer: images (count x C x H x W
-// of dtype) from offset 0, labels (count int64) from labels_offset, where
-// count <= batch_size is the BATCH_READY's count. batch_bytes is the buffer
-// size PRODUCE needs.
+// The layout of one batch in the client's buffer, for count <= batch_size
+// samples (the BATCH_READY's count): samples (count x shape of dtype) from
+// offset 0, labels (count x label_width int64) from labels_offset, and where
+// lengths_offset is not 0, lengths (count int64) from there. batch_bytes is
+// the buffer size PRODUCE needs; a batch of count samples sends its first
+// bytes_for(count) bytes.
 struct Configured {
   static constexpr MsgType kType = MsgType::kConfigured;
+  static constexpr std::size_t kMaxDims = 6;
   std::uint64_t dataset_size = 0;
   std::uint32_t classes = 0;
-  std::uint32_t channels = 0, height = 0, width = 0;
+  std::vector<std::uint32_t> shape;  // of one sample: {3, H, W}, {views, C, T, H, W}, {mels, frames}, ...
   Dtype dtype = Dtype::kFloat32;
   std::uint64_t sample_bytes = 0;
+  std::uint32_t label_width = 1;
   std::uint64_t labels_offset = 0;
+  std::uint64_t lengths_offset = 0;
   std::uint64_t batch_bytes = 0;
   bool direct = false;  // the daemon writes batches straight into the addresses PRODUCE names
   static void fields(auto& m, auto& v) {
     v("dataset_size", m.dataset_size);
     v("classes", m.classes);
-    v("channels", m.channels);
-    v("height", m.height);
-    v("width", m.width);
+    v("shape", m.shape);
     v("dtype", m.dtype, Range{0, kMaxDtype});
     v("sample_bytes", m.sample_bytes);
+    v("label_width", m.label_width);
     v("labels_offset", m.labels_offset);
+    v("lengths_offset", m.lengths_offset);
     v("batch_bytes", m.batch_bytes);
     v("direct", m.direct);
   }
   void check() const;
+  std::uint64_t bytes_for(std::uint64_t count) const {
+    return lengths_offset != 0 ? lengths_offset + count * 8 : labels_offset + count * label_width * 8;
+  }
   bool operator==(const Configured&) const = default;
 };
 

@@ -367,7 +367,11 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
   if ((configured.dtype == protocol::Dtype::kPythonBlob) != !config.python.empty()) {
     fail(Errc::kProtocol, "CONFIGURED for the other path (native or Python) than asked");
   }
-  if (configured.dtype != protocol::Dtype::kPythonBlob && configured.batch_bytes < configured.labels_offset + std::uint64_t{config.batch_size} * 8) {
+  if (configured.dtype != protocol::Dtype::kPythonBlob &&
+      (configured.labels_offset < configured.sample_bytes * config.batch_size ||
+       configured.batch_bytes < configured.bytes_for(config.batch_size) ||
+       (configured.lengths_offset != 0 &&
+        configured.lengths_offset < configured.labels_offset + std::uint64_t{config.batch_size} * configured.label_width * 8))) {
     fail(Errc::kProtocol, "CONFIGURED layout too small for the batch size");
   }
   layout_ = configured;
@@ -613,7 +617,7 @@ void OffloadClient::collect() {
       const bool python = layout_->dtype == protocol::Dtype::kPythonBlob;
       const std::optional<std::string> failed = lease.direct ? std::nullopt : lease.short_of(ready.bytes);
       if (failed || ready.count > lease.asked ||
-          (!python && ready.bytes != layout_->labels_offset + std::uint64_t{ready.count} * 8)) {
+          (!python && ready.bytes != layout_->bytes_for(ready.count))) {
         fail(Errc::kProtocol, "batch for lease " + std::to_string(lease.id) + " of " + std::to_string(ready.bytes) +
                                   " bytes (BATCH_READY) did not arrive whole: " + failed.value_or("complete"));
       }

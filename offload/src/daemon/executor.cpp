@@ -155,10 +155,14 @@ JobResult Executor::execute(Job job, Staging& staging) {
     if (staging.capacity < d.layout.batch_bytes) {
       staging = Staging{std::make_unique_for_overwrite<std::byte[]>(d.layout.batch_bytes), d.layout.batch_bytes};
     }
-    std::span<std::byte> images(staging.data.get(), n * d.layout.sample_bytes);
-    std::span<std::int64_t> labels(reinterpret_cast<std::int64_t*>(staging.data.get() + d.layout.labels_offset), n);
+    std::byte* base = staging.data.get();
+    const BatchOut out{{base, n * d.layout.sample_bytes},
+                       {reinterpret_cast<std::int64_t*>(base + d.layout.labels_offset), n * d.layout.label_width},
+                       d.layout.lengths_offset != 0
+                           ? std::span<std::int64_t>(reinterpret_cast<std::int64_t*>(base + d.layout.lengths_offset), n)
+                           : std::span<std::int64_t>()};
     const auto start = Clock::now();
-    BatchResult b = d.pipeline->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, images, labels, &pool_);
+    BatchResult b = d.maker->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, out, &pool_);
     stats_.batch.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
     const std::uint64_t tried = r.job.indices.size();
     stats_.read.add(tried, b.seconds.read, 0);
@@ -168,7 +172,7 @@ JobResult Executor::execute(Job job, Staging& staging) {
     stats_.samples_skipped.fetch_add(b.skipped.size(), std::memory_order_relaxed);
     r.ready.count = static_cast<std::uint32_t>(b.count);
     for (auto& s : b.skipped) r.ready.skipped.push_back({s.index, s.reason.substr(0, protocol::kMaxText)});
-    r.bytes = d.layout.labels_offset + b.count * sizeof(std::int64_t);
+    r.bytes = d.layout.bytes_for(b.count);
     r.ready.bytes = r.bytes;
     r.staging = std::move(staging);
   } catch (const SampleError& e) {

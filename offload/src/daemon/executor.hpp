@@ -26,7 +26,7 @@ namespace dlop::offload::daemon {
 // What one CONFIGURE set up; shared by the connection and its jobs.
 struct Dataset {
   std::shared_ptr<const Source> source;  // native only
-  std::optional<Pipeline> pipeline;      // native only
+  std::shared_ptr<const BatchMaker> maker;  // native only
   bool python = false;                   // the generic Python path: batches are blobs of varying size
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;
@@ -66,7 +66,7 @@ struct Job {
 struct JobResult {
   Job job;
   Staging staging;           // empty when the job failed
-  std::size_t bytes = 0;     // to send: labels_offset + count labels
+  std::size_t bytes = 0;     // to send: layout.bytes_for(count)
   protocol::BatchReady ready;
   std::optional<protocol::ErrorMsg> error;
 };

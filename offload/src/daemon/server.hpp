@@ -116,7 +116,8 @@ class Server {
   void write_direct(Conn& c, JobResult& r, std::uint64_t address);
   void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, const std::optional<std::string>& error,
                bool announced);
-  std::shared_ptr<const Source> open_source_cached(const std::string& path);
+  // One open source per (kind, path), shared by the connections that use it.
+  std::shared_ptr<const Source> open_source_cached(const std::string& path, std::string_view kind);
 
   ServerOptions options_;
   net::UniqueFd listener_;

@@ -5,9 +5,12 @@
 #include <chrono>
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/process.hpp"
+#include "offload/batch_maker.hpp"
 #include "offload/protocol_auth.hpp"
 #include "server.hpp"
 
@@ -79,10 +82,12 @@ void Server::on_hello(Conn& c, const protocol::Frame& frame) {
                              options_.name, host_identity(), c.direct_nonce});
 }
 
-std::shared_ptr<const Source> Server::open_source_cached(const std::string& path) {
-  if (auto s = sources_[path].lock()) return s;
-  std::shared_ptr<const Source> s = open_source(path);
-  sources_[path] = s;
+std::shared_ptr<const Source> Server::open_source_cached(const std::string& path, std::string_view kind) {
+  const std::string key = std::string(kind) + ":" + path;
+  if (auto s = sources_[key].lock()) return s;
+  const MediaKind media = kind == "video" ? MediaKind::kVideo : kind == "audio" ? MediaKind::kAudio : MediaKind::kImage;
+  std::shared_ptr<const Source> s = open_source(path, media);
+  sources_[key] = s;
   std::erase_if(sources_, [](const auto& kv) { return kv.second.expired(); });
   return s;
 }
@@ -93,28 +98,25 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
   }
   if (!m.python.empty()) return configure_python(c, m);
   try {
-    Pipeline pipeline = Pipeline::from_json(m.transform);
-    const std::optional<Shape> shape = pipeline.fixed_shape();
-    if (!shape) {
-      throw_error(Errc::kInvalidArgument,
-                  "the transform spec gives samples of varying size: end it with random_resized_crop, center_crop "
-                  "or resize to [height, width]");
-    }
+    std::shared_ptr<const BatchMaker> maker = make_batch_maker(m.transform);
+    std::shared_ptr<const Source> source = open_source_cached(m.source, maker->kind());
+    const SampleLayout sample = maker->layout(*source);
     protocol::Configured layout;
-    layout.channels = static_cast<std::uint32_t>(shape->channels);
-    layout.height = static_cast<std::uint32_t>(shape->height);
-    layout.width = static_cast<std::uint32_t>(shape->width);
-    layout.dtype = pipeline.spec().output == OutputType::kUint8 ? protocol::Dtype::kUint8 : protocol::Dtype::kFloat32;
-    layout.sample_bytes = shape->elements() * pipeline.element_size();
-    // Labels start on a 64-byte boundary, so both parts are aligned views of
-    // one buffer for any batch size.
-    layout.labels_offset = (m.batch_size * layout.sample_bytes + 63) / 64 * 64;
-    layout.batch_bytes = layout.labels_offset + m.batch_size * sizeof(std::int64_t);
+    layout.shape = sample.shape;
+    layout.dtype = sample.dtype == OutputType::kUint8 ? protocol::Dtype::kUint8 : protocol::Dtype::kFloat32;
+    layout.sample_bytes = sample.sample_bytes();
+    layout.label_width = sample.label_width;
+    // Labels and lengths start on 64-byte boundaries, so every part is an
+    // aligned view of one buffer for any batch size.
+    const auto aligned = [](std::uint64_t n) { return (n + 63) / 64 * 64; };
+    layout.labels_offset = aligned(m.batch_size * layout.sample_bytes);
+    const std::uint64_t labels_end = layout.labels_offset + std::uint64_t{m.batch_size} * sample.label_width * 8;
+    layout.lengths_offset = sample.lengths ? aligned(labels_end) : 0;
+    layout.batch_bytes = sample.lengths ? layout.lengths_offset + std::uint64_t{m.batch_size} * 8 : labels_end;
     if (layout.batch_bytes > kMaxBatchBytes) {
       throw_error(Errc::kInvalidArgument, "a batch of " + std::to_string(m.batch_size) + " samples needs " +
                                               std::to_string(layout.batch_bytes) + " bytes, over the daemon's limit");
     }
-    std::shared_ptr<const Source> source = open_source_cached(m.source);
     layout.dataset_size = source->size();
     layout.classes = static_cast<std::uint32_t>(source->classes().size());
     const std::uint64_t endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
@@ -125,9 +127,10 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
       layout.direct = true;
     }
     c.dataset =
-        std::make_shared<const Dataset>(Dataset{std::move(source), std::move(pipeline), false, m.seed, m.batch_size, layout});
-    log().info("offloader: connection {} configured: {} ({} samples), batch {} of {}x{}x{}, {}", c.id, m.source,
-               layout.dataset_size, m.batch_size, layout.channels, layout.height, layout.width,
+        std::make_shared<const Dataset>(Dataset{std::move(source), std::move(maker), false, m.seed, m.batch_size, layout});
+    log().info("offloader: connection {} configured: {} {} ({} samples), batch {} of {}, {}", c.id, layout.dataset_size
+               ? std::string(c.dataset->maker->kind()) : std::string(), m.source, layout.dataset_size, m.batch_size,
+               fmt::join(layout.shape, "x"),
                layout.direct ? "direct writes into pid " + std::to_string(c.direct_pid) : std::string("over UCX"));
     reply(c, layout);
   } catch (const std::exception& e) {
@@ -169,7 +172,7 @@ void Server::on_python_loads() {
       layout.dtype = protocol::Dtype::kPythonBlob;
       c.endpoint = sender_->connect(m.worker_address, c.peer, m.host == host_identity());
       c.piece_bytes = m.piece_bytes;
-      c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, std::nullopt, true, m.seed, m.batch_size, layout});
+      c.dataset = std::make_shared<const Dataset>(Dataset{nullptr, nullptr, true, m.seed, m.batch_size, layout});
       log().info("offloader: connection {} configured: generic Python path, {} samples, batch {}, {} workers", c.id,
                  layout.dataset_size, m.batch_size, options_.threads);
       reply(c, layout);

@@ -382,7 +382,8 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   if (m.layout) {
     const auto& l = *m.layout;
     if (got.dataset_size != l.dataset_size || got.dtype != l.dtype || got.batch_bytes != l.batch_bytes ||
-        got.sample_bytes != l.sample_bytes || got.labels_offset != l.labels_offset) {
+        got.sample_bytes != l.sample_bytes || got.labels_offset != l.labels_offset || got.shape != l.shape ||
+        got.label_width != l.label_width || got.lengths_offset != l.lengths_offset) {
       throw_error(Errc::kInvalidArgument, "offload: daemon " + client->address() +
                                               " sees another dataset or layout than the other daemons");
     }
@@ -420,6 +421,9 @@ std::optional<Batch> LeaseManager::next() {
       b.bytes = p.done.bytes;
       b.images = m.slots[p.slot].data;
       b.labels = m.python() ? nullptr : reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->labels_offset);
+      if (!m.python() && m.layout->lengths_offset != 0) {
+        b.lengths = reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->lengths_offset);
+      }
       b.indices = m.batches[b.position];
       for (const auto& s : p.done.skipped) b.skipped.push_back(s.index);
       if (trace::enabled()) {

@@ -198,18 +198,28 @@ void Configure::check() const {
 
 void Configured::check() const {
   if (dtype == Dtype::kPythonBlob) {
-    if (direct || channels != 0 || height != 0 || width != 0 || sample_bytes != 0 || labels_offset != 0 ||
+    if (direct || !shape.empty() || sample_bytes != 0 || labels_offset != 0 || lengths_offset != 0 ||
         batch_bytes != 0) {
       bad("CONFIGURED for the Python path with a batch layout");
     }
     return;
   }
-  // The client sizes buffers from these: they must describe one layout.
+  // The client sizes buffers from these: they must describe one layout, and
+  // no product or offset may overflow.
   const std::uint64_t elem = dtype == Dtype::kUint8 ? 1 : 4;
-  if (channels == 0 || height == 0 || width == 0 || channels > 4 || height > 65536 || width > 65536 ||
-      sample_bytes != std::uint64_t{channels} * height * width * elem || labels_offset % 8 != 0 ||
-      batch_bytes < labels_offset || labels_offset / sample_bytes > kMaxBatch ||
-      (batch_bytes - labels_offset) / 8 > kMaxBatch) {
+  std::uint64_t elements = 1;
+  bool dims_ok = !shape.empty() && shape.size() <= kMaxDims;
+  for (const std::uint32_t d : shape) {
+    dims_ok = dims_ok && d > 0 && d <= (1u << 24) && elements <= (std::uint64_t{1} << 40) / d;
+    if (dims_ok) elements *= d;
+  }
+  if (!dims_ok || sample_bytes != elements * elem || label_width == 0 || label_width > (1u << 16) ||
+      labels_offset % 8 != 0 || lengths_offset % 8 != 0 || labels_offset / sample_bytes > kMaxBatch) {
+    bad("CONFIGURED with an inconsistent batch layout");
+  }
+  // Room for one sample at least; the client checks its batch size fits.
+  if ((lengths_offset != 0 && lengths_offset < labels_offset + label_width * 8) || batch_bytes < bytes_for(1) ||
+      (batch_bytes - labels_offset) / 8 > std::uint64_t{kMaxBatch} * ((1u << 16) + 1)) {
     bad("CONFIGURED with an inconsistent batch layout");
   }
 }

@@ -62,15 +62,25 @@ _worker_state: dict[str, Any] = {}
 
 
 def _worker_init(source: str, transform: str) -> None:
-    _worker_state["source"] = _native.open_source(source)
-    _worker_state["pipeline"] = _native.Pipeline(transform)
+    maker = _native.BatchMaker(transform)
+    _worker_state["source"] = _native.open_source(source, maker.kind)
+    _worker_state["maker"] = maker
 
 
 def _worker_batch(indices: list[int], seed: int, epoch: int):
-    images, labels, skipped = _worker_state["pipeline"].run_batch(
+    samples, labels, lengths, skipped = _worker_state["maker"].run_batch(
         _worker_state["source"], indices, seed=seed, epoch=epoch
     )
-    return images, labels
+    return samples, labels, lengths
+
+
+def _native_batch(samples, labels, lengths) -> tuple:
+    """(samples, labels), or with lengths (audio) (samples, labels, lengths),
+    the samples' last axis cut to the batch's longest."""
+    if lengths is None:
+        return samples, labels
+    longest = int(lengths.max()) if len(lengths) else 0
+    return samples[..., :longest], labels, lengths
 
 
 def _python_worker_init(dataset, collate_fn) -> None:
@@ -88,10 +98,15 @@ def _python_worker_batch(indices: list[int], seed: int, epoch: int) -> bytes:
 
 
 class OffloadLoader:
-    """Yields ``(images, labels)`` torch tensors for this rank, one epoch per iteration.
+    """Yields ``(samples, labels)`` torch tensors for this rank, one epoch per iteration.
 
-    Native: ``source`` (an image folder or record file) and ``transform`` (a
-    transform spec) run in C++ on the daemons. Generic Python path:
+    Native: ``source`` (a folder by class, a CSV/JSONL manifest or a record
+    file) and ``transform`` (a transform spec whose "kind" is "image", the
+    default, "video" or "audio") run in C++ on the daemons. Images are
+    N x C x H x W, clips N x views x C x T x H x W (or T before C), audio
+    N x mels x frames padded to the batch's longest, yielded as
+    ``(features, labels, lengths)``. A multi-label source gives N x classes
+    multi-hot labels. Generic Python path:
     ``dataset`` (any picklable map-style Dataset) and ``collate_fn`` (None:
     torch's default_collate) run in the daemons' Python workers, and each
     iteration yields what collate_fn returns. Random transforms in the
@@ -138,7 +153,7 @@ class OffloadLoader:
         self.dataset, self.collate_fn, self._job = dataset, collate_fn, b""
         self.device = _device.accelerator_device(device)  # ValueError when this torch lacks that device
         if dataset is not None:
-            self.source, self.transform = "", ""
+            self.source, self.transform, self.kind = "", "", "python"
             self._job = _python_job.encode_job(dataset, collate_fn)  # ValueError when it does not pickle
             self._dataset_size = len(dataset)
         else:
@@ -146,7 +161,7 @@ class OffloadLoader:
                 raise ValueError("OffloadLoader: a native source needs a transform spec")
             self.source = os.fspath(source)
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
-            _native.Pipeline(self.transform)  # a bad spec fails here, not in a daemon
+            self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
             self._dataset_size = None
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -204,7 +219,7 @@ class OffloadLoader:
 
     def _plan(self):
         if self._dataset_size is None:
-            self._dataset_size = len(_native.open_source(self.source))
+            self._dataset_size = len(_native.open_source(self.source, self.kind))
         return _native.EpochPlan(
             self._dataset_size, self.batch_size, self.seed, self.shuffle, self.drop_last, self.rank, self.world
         )
@@ -264,12 +279,12 @@ class OffloadLoader:
                     return
                 if got is None:
                     return
-                position, images, labels, held, _skipped = got
+                position, samples, labels, held, _skipped, lengths = got
                 self._position = position + 1
-                if labels is None:  # the Python path: images is the batch blob
-                    yield _python_job.decode_batch(images)
+                if labels is None:  # the Python path: samples is the batch blob
+                    yield _python_job.decode_batch(samples)
                 else:
-                    yield images, labels
+                    yield _native_batch(samples, labels, lengths)
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
@@ -303,4 +318,4 @@ class OffloadLoader:
                 if self.dataset is not None:
                     yield _python_job.decode_batch(bytearray(got))
                 else:
-                    yield torch.from_numpy(got[0]), torch.from_numpy(got[1])
+                    yield _native_batch(*(None if a is None else torch.from_numpy(a) for a in got))

@@ -1,0 +1,30 @@
+// The payloads of the messages protocol version 5 changed (CONFIGURED: a
+// sample shape of any rank, labels per sample and lengths, for every media
+// kind); every other message is as versions 4 and 3 recorded it. Hex; test
+// data: never regenerate these from newer code.
+#pragma once
+
+#include <string_view>
+#include <utility>
+
+namespace dlop::offload::protocol {
+
+inline constexpr std::pair<std::string_view, std::string_view> kProtocolV5Changed[] = {
+    {"configured_float32_direct",
+     "e8030000000000000a000000030000000300000008000000080000000000030000000000000100000000060000000000"
+     "000000000000000000100600000000000001"},
+    {"configured_uint8",
+     "05000000000000000200000003000000030000000400000005000000013c000000000000000100000078000000000000"
+     "000000000000000000880000000000000000"},
+    {"configured_python",
+     "4d0000000000000000000000000000000200000000000000000100000000000000000000000000000000000000000000"
+     "000000000000"},
+    {"configured_audio_lengths",
+     "2c01000000000000030000000200000050000000c90000000040fb0000000000000100000080f6010000000000c0f601"
+     "0000000000d0f601000000000000"},
+    {"configured_video_multi_label",
+     "28000000000000009d0000000500000002000000030000001000000008000000080000000100180000000000009d0000"
+     "0000300000000000000000000000000000d03900000000000001"},
+};
+
+}  // namespace dlop::offload::protocol

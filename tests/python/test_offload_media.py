@@ -1,0 +1,117 @@
+"""Video clips and audio features through dlop.data.OffloadLoader and real
+dlop-offloader daemons: each epoch bit-identical to the batch maker run in
+this process, with lengths and multi-hot labels, also when a daemon is
+SIGKILLed mid-epoch, and the same from the local fallback."""
+
+from __future__ import annotations
+
+import json
+import warnings
+import wave
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+offload = pytest.importorskip("dlop._C").offload
+
+from dlop.data import OffloadLoader  # noqa: E402
+from dlop.data.make_video import make_video_dataset  # noqa: E402
+from test_offload_loader import TOKEN, daemons  # noqa: E402,F401  (the fixture)
+
+SEED, BATCH = 5, 3
+AUDIO = {"kind": "audio", "seconds": 1.5, "n_mels": 40, "freq_masks": 1, "freq_mask_width": 8,
+         "time_masks": 1, "time_mask_width": 20}
+VIDEO = {"kind": "video", "frames": 4, "stride": 2, "views": 2, "short_side": [40, 56], "crop": 32, "hflip": 0.5}
+
+
+@pytest.fixture(scope="module")
+def audio_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audio")
+    rng = np.random.default_rng(0)
+    lines = ["path,labels"]
+    for k in range(7):
+        seconds = [0.4, 1.0, 2.2][k % 3]
+        pcm = (0.3 * np.sin(2 * np.pi * (200 + 50 * k) * np.arange(int(16000 * seconds)) / 16000)
+               + 0.01 * rng.standard_normal(int(16000 * seconds)))
+        with wave.open(str(root / f"{k}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((pcm * 32767).astype("<i2").tobytes())
+        lines.append(f"{k}.wav," + ";".join(["speech", "music", "noise"][: 1 + k % 3]))
+    (root / "m.csv").write_text("\n".join(lines) + "\n")
+    return str(root / "m.csv")
+
+
+@pytest.fixture(scope="module")
+def video_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video")
+    make_video_dataset(root, classes=2, clips_per_class=3, seed=1)
+    return str(root)
+
+
+def reference(source_path, spec, epoch):
+    maker = offload.BatchMaker(json.dumps(spec))
+    source = offload.open_source(source_path, maker.kind)
+    plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
+    out = []
+    for indices in plan.batches(epoch):
+        samples, labels, lengths, _ = maker.run_batch(source, indices, seed=SEED, epoch=epoch)
+        if lengths is not None:
+            out.append((samples[..., : lengths.max()], labels, lengths))
+        else:
+            out.append((samples, labels))
+    return out
+
+
+def collect(loader):
+    return [tuple(t.numpy().copy() for t in batch) for batch in loader]
+
+
+def assert_same(got, want):
+    assert len(got) == len(want) > 0
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert len(g) == len(w), f"batch {k}: {len(g)} tensors, not {len(w)}"
+        for a, b in zip(g, w):
+            assert a.shape == b.shape and a.tobytes() == b.tobytes(), f"batch {k} differs"
+
+
+@pytest.mark.parametrize("kind", ["audio", "video"])
+def test_offloaded_epochs_equal_the_batch_maker_even_when_a_daemon_dies(kind, audio_set, video_set, daemons):  # noqa: F811
+    path, spec = (audio_set, AUDIO) if kind == "audio" else (video_set, VIDEO)
+    loader = OffloadLoader(path, spec, BATCH, seed=SEED, offloaders=[d.address for d in daemons], token=TOKEN)
+    assert loader.offloaded
+    loader.set_epoch(1)
+    assert_same(collect(loader), reference(path, spec, 1))
+    loader.set_epoch(2)
+    got = []
+    for k, batch in enumerate(loader):
+        got.append(tuple(t.numpy().copy() for t in batch))
+        if k == 0:
+            daemons[0].kill()
+    assert_same(got, reference(path, spec, 2))
+
+
+def test_audio_batches_carry_lengths_and_multi_hot_labels(audio_set):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no daemon: the local fallback
+        loader = OffloadLoader(audio_set, AUDIO, BATCH, seed=SEED, shuffle=False, workers=1)
+    assert not loader.offloaded
+    batches = collect(loader)
+    plan = offload.EpochPlan(7, BATCH, SEED, False, False, 0, 1)
+    assert plan.batches(0)[0] == [0, 1, 2]
+    features, labels, lengths = batches[0]
+    assert labels.tolist() == [[0, 0, 1], [1, 0, 1], [1, 1, 1]]  # classes sorted: music, noise, speech
+    assert lengths.tolist() == [1 + 6400 // 160, 101, 151]
+    assert features.shape == (3, 40, 151)
+    assert not features[0, :, lengths[0]:].any()
+
+
+def test_video_from_the_local_fallback_equals_the_batch_maker(video_set):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        loader = OffloadLoader(video_set, VIDEO, BATCH, seed=SEED, workers=1)
+    got = collect(loader)
+    assert_same(got, reference(video_set, VIDEO, 0))
+    assert got[0][0].shape == (BATCH, 2, 3, 4, 32, 32) and got[0][0].dtype == np.uint8

@@ -38,6 +38,7 @@ COMPUTE, COMPUTE_CPU, SHARE, GRADIENT = 0.2, 0.19, 0.6, 16 * MIB
 OVERHEAD = {"dlop": 0.004, "gloo": 0.012}
 BACKEND_CPU = {"dlop": 0.02, "gloo": 0.035}
 LAYOUTS = ((2, 1), (2, 2), (3, 1))
+BACKGROUND = 0.25  # cores other processes keep busy
 
 
 def truth(backend: str, net: sm.Link) -> sm.Terms:
@@ -55,12 +56,12 @@ def synthetic(scale: float = 1.0) -> dict:
 
     def ddp_row(backend, ranks, step_s, cpu_s, lin):
         return {"model": "m", "backend": backend, "ranks": ranks, "step_ms": step_s * 1e3, "cpu_ms_per_step": cpu_s * 1e3,
-                "gradient_mib": GRADIENT / MIB, "linearity": lin}
+                "gradient_mib": GRADIENT / MIB, "linearity": lin, "background_cores": BACKGROUND}
 
     compute = COMPUTE * scale
     one = [ddp_row("none", 1, compute, COMPUTE_CPU, 1.0)]
     one += [ddp_row(b, 1, compute + OVERHEAD[b], COMPUTE_CPU, None) for b in lr.BACKENDS]
-    local = sm.Layout(1, 2, CORES / 2)
+    local = sm.Layout(1, 2, (CORES - BACKGROUND) / 2)
     two = [ddp_row("none", 1, COMPUTE, COMPUTE_CPU, 1.0)]
     two += [ddp_row(b, 2, 0, COMPUTE_CPU + BACKEND_CPU[b],
                     sm.linearity(truth(b, sm.Link(1, 0)), "ring", local, BUCKET)) for b in lr.BACKENDS]
@@ -70,7 +71,7 @@ def synthetic(scale: float = 1.0) -> dict:
     allreduce, ddp = [], []
     for rate, net in NET.items():
         for hosts, per_host in LAYOUTS:
-            layout = sm.Layout(hosts, per_host, CORES / (hosts * per_host))
+            layout = sm.Layout(hosts, per_host, (CORES - BACKGROUND) / (hosts * per_host))
             where = {"run": 0, "rate": rate, "hosts": hosts, "per_host": per_host}
             for column in ("ring", "hierarchical", "gloo") if per_host > 1 else ("ring", "gloo"):
                 backend, algorithm = ("gloo", "ring") if column == "gloo" else ("dlop", column)
@@ -79,7 +80,7 @@ def synthetic(scale: float = 1.0) -> dict:
                     allreduce.append(dict(where, column=column, bytes=nbytes, time_us=t * 1e6))
             for backend in lr.BACKENDS:
                 algorithm = lr.dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
-                ddp.append(dict(where, model="m", backend=backend,
+                ddp.append(dict(where, model="m", backend=backend, background_cores=BACKGROUND,
                                 linearity=sm.linearity(truth(backend, net), algorithm, layout, BUCKET)))
     return {"calibration": [calibration], "allreduce": allreduce, "ddp": ddp}
 
@@ -267,6 +268,7 @@ def test_multihost_report_on_namespace_hosts(tmp_path):
         assert a["measured_ms"] >= MIB * 8 / 1e9 * 1e3  # 2 ranks: each sends 1 MiB across the 1 Gbit/s link
     ddp = [(c["backend"], c["rate"], c["hosts"], c["per_host"]) for c in data["checks"]["ddp"] if not c["in_sample"]]
     assert sorted(ddp) == [("dlop", "1gbit", 2, 1), ("gloo", "1gbit", 2, 1)]
-    assert all(0 < c["measured"] <= 1.2 for c in data["checks"]["ddp"])
+    # Batches of 2 compute for tens of ms; 16 MiB of gradient take over 130 ms on the link, most of it exposed.
+    assert all(0 < c["measured"] < 0.6 for c in data["checks"]["ddp"] if not c["in_sample"])
     assert (tmp_path / "raw" / "net_1gbit_0.json").is_file() and (tmp_path / "raw" / "ddp_1gbit_2x1_0.json").is_file()
     print(f"multi-host linearity report: {elapsed:.0f} s")

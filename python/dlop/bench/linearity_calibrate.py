@@ -14,6 +14,7 @@ caller repeats them (the spread of the repeats is the prediction's band):
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,28 @@ from dlop.bench import scaling_model as sm
 
 INTRA_SIZES = "8,64K,1M,4M"
 RUN_TIMEOUT_S = 900
+
+
+class CpuMeter:
+    """How many cores processes other than this one's children kept busy while they ran: the machine's busy time
+    (/proc/stat) less the children's CPU time (getrusage), over the wall time. On a shared machine this background
+    load takes cores from the ranks like any other contention."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        hz = os.sysconf("SC_CLK_TCK")
+        return (sum(fields[:8]) - idle) / hz, children.ru_utime + children.ru_stime, time.monotonic()
+
+    def background_cores(self) -> float:
+        busy, ours, wall = (b - a for a, b in zip(self.start, self._sample()))
+        return max(0.0, (busy - ours) / wall) if wall > 0 else 0.0
 
 
 def dlop_bench() -> str:
@@ -142,9 +165,12 @@ def split(model: str, batch: int, threads: int, steps: int) -> dict:
 
 
 def ddp_local(ddp_argv: list[str], ranks: int, out: Path, tag: str) -> list[dict]:
+    """dlop.bench.ddp's rows, each with the background load (cores) it ran beside."""
     path = out / f"ddp_local{ranks}_{tag}.json"
+    meter = CpuMeter()
     _run([*ddp_argv, "--ranks", str(ranks), "--json", str(path)], out / f"ddp_local{ranks}_{tag}.txt")
-    return _common.read_rows(str(path))[1]
+    background = meter.background_cores()
+    return [dict(r, background_cores=background) for r in _common.read_rows(str(path))[1]]
 
 
 def ddp_terms(one: list[dict], two: list[dict], model: str) -> dict:
@@ -158,9 +184,11 @@ def ddp_terms(one: list[dict], two: list[dict], model: str) -> dict:
         if r["model"] == model and r["backend"] != "none":
             terms["overhead_s"][r["backend"]] = max(0.0, r["step_ms"] / 1e3 - compute)
     # Beyond the model alone of the same run, which ran beside the same idle ranks.
-    alone_two = next(r for r in two if r["model"] == model and r["backend"] == "none")["cpu_ms_per_step"] / 1e3
+    alone_two_row = next(r for r in two if r["model"] == model and r["backend"] == "none")
+    alone_two = alone_two_row["cpu_ms_per_step"] / 1e3
     for r in two:
         if r["model"] == model and r["backend"] != "none":
             terms["backend_cpu_s"][r["backend"]] = max(0.0, r["cpu_ms_per_step"] / 1e3 - alone_two)
             terms["linearity_2"][r["backend"]] = r["linearity"]
+    terms["background_cores"] = {"1": alone["background_cores"], "2": alone_two_row["background_cores"]}
     return terms

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from dlop.bench import _common
-from dlop.bench.linearity_calibrate import _wait_all, c10d_argv
+from dlop.bench.linearity_calibrate import CpuMeter, _wait_all, c10d_argv
 
 
 def _launch(hosts, n_hosts: int, per_host: int, argv_of, env_extra: dict, log: Path, what: str, port: int) -> None:
@@ -47,7 +47,10 @@ def allreduce(hosts, n_hosts: int, per_host: int, algorithm: str, sizes: str, re
 
 
 def ddp(hosts, n_hosts: int, per_host: int, ddp_argv: list[str], out: Path, tag: str, port: int) -> list[dict]:
+    """dlop.bench.ddp's rows, each with the background load (cores) it ran beside."""
     path = out / f"ddp_{tag}.json"
+    meter = CpuMeter()
     _launch(hosts, n_hosts, per_host, lambda r: [*ddp_argv, "--json", str(path)], {}, out / f"ddp_{tag}.txt",
             "DDP", port)
-    return _common.read_rows(str(path))[1]
+    background = meter.background_cores()
+    return [dict(r, background_cores=background) for r in _common.read_rows(str(path))[1]]

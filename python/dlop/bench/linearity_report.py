@@ -176,15 +176,20 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
     """DDP's linearity per model, backend, rate and layout (and the 2-rank run on this host, which calibrated the
     backend's CPU: in sample) against the model's."""
     cal = m["calibration"]
-    cells: dict[tuple, list[float]] = {}
+    cells: dict[tuple, list[tuple[float, float]]] = {}  # (linearity, background cores) per run
     for r in m["ddp"]:
-        cells.setdefault((r["model"], r["backend"], r["rate"], r["hosts"], r["per_host"]), []).append(r["linearity"])
+        cells.setdefault((r["model"], r["backend"], r["rate"], r["hosts"], r["per_host"]), []).append(
+            (r["linearity"], r["background_cores"]))
     for model in cal[0]["ddp"]:
         for backend in BACKENDS:
-            cells[(model, backend, None, 1, 2)] = [c["ddp"][model]["linearity_2"][backend] for c in cal]
+            cells[(model, backend, None, 1, 2)] = [(c["ddp"][model]["linearity_2"][backend],
+                                                    c["ddp"][model]["background_cores"]["2"]) for c in cal]
     out = []
-    for (model, backend, rate, hosts, per_host), values in sorted(cells.items(), key=lambda kv: str(kv[0])):
-        layout = sm.Layout(hosts, per_host, cores / (hosts * per_host))
+    for (model, backend, rate, hosts, per_host), runs_of in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        values = [v for v, _ in runs_of]
+        background = _common.median([b for _, b in runs_of])
+        # The cores other processes left (at least a tenth of the machine), shared by every rank of the run.
+        layout = sm.Layout(hosts, per_host, max(cores - background, cores / 10) / (hosts * per_host))
         algorithm = dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
         gradient = cal[0]["ddp"][model]["gradient_bytes"]
         runs = term_runs(cal, model, backend, rate)
@@ -199,7 +204,7 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
                     "algorithm": algorithm, "measured": measured, "measured_runs": values, "predicted": predicted,
                     "band": [low, high], "error": predicted - measured,
                     "within_target": abs(predicted - measured) <= TARGET_LINEARITY, "in_sample": rate is None,
-                    "cores_per_rank": layout.cores_per_rank})
+                    "background_cores": background, "cores_per_rank": layout.cores_per_rank})
     return out
 
 

@@ -27,8 +27,8 @@ def _header(report: dict) -> list[str]:
             f"{h['repetitions']} repetitions of {h['warmup']} untimed + {h['steps']} timed steps, bucket_cap_mb "
             f"{h['bucket_cap_mb']}; {h['runs']} run(s) of everything, interleaved. Checked on namespace hosts "
             f"(layouts hosts x ranks per host: {', '.join(h['layouts'])}; tbf links {', '.join(h['rates'])}). "
-            f"Every namespace host shares this machine's {h['cores']} cores: the checks' cores per rank are "
-            f"{h['cores']} / ranks.", ""]
+            f"Every namespace host shares this machine's {h['cores']} cores: a check's cores per rank are "
+            f"({h['cores']} - the cores other processes kept busy during it) / ranks.", ""]
 
 
 def _calibration(report: dict) -> list[str]:

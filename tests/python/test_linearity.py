@@ -34,7 +34,7 @@ BUCKET = 25 * MIB
 # The truth the synthetic measurements are generated from.
 INTRA = {"dlop": sm.Link(40.0, 0.3), "gloo": sm.Link(6.0, 120.0)}
 NET = {"1gbit": sm.Link(0.94, 30.0), "10gbit": sm.Link(7.5, 25.0)}
-COMPUTE, COMPUTE_CPU, SHARE, GRADIENT = 0.2, 0.19, 0.6, 16 * MIB
+COMPUTE, SHARE, GRADIENT = 0.2, 0.6, 16 * MIB  # compute: single-threaded, so CPU time = wall time
 OVERHEAD = {"dlop": 0.004, "gloo": 0.012}
 BACKEND_CPU = {"dlop": 0.02, "gloo": 0.035}
 LAYOUTS = ((2, 1), (2, 2), (3, 1))
@@ -42,7 +42,14 @@ BACKGROUND = 0.25  # cores other processes keep busy
 
 
 def truth(backend: str, net: sm.Link) -> sm.Terms:
-    return sm.Terms(COMPUTE, COMPUTE_CPU, SHARE, OVERHEAD[backend], BACKEND_CPU[backend], GRADIENT, INTRA[backend], net)
+    return sm.Terms(COMPUTE, COMPUTE, SHARE, OVERHEAD[backend], BACKEND_CPU[backend], GRADIENT, INTRA[backend], net)
+
+
+def layout(hosts: int, per_host: int) -> sm.Layout:
+    """All ranks on this machine's cores, beside BACKGROUND cores' worth of other processes."""
+    threads = sm.background_threads(CORES, hosts * per_host, BACKGROUND)
+    return sm.Layout(hosts, per_host, sm.fair_share(CORES, hosts * per_host, threads),
+                     sm.fair_share(CORES, 1, threads))
 
 
 def synthetic(scale: float = 1.0) -> dict:
@@ -59,29 +66,28 @@ def synthetic(scale: float = 1.0) -> dict:
                 "gradient_mib": GRADIENT / MIB, "linearity": lin, "background_cores": BACKGROUND}
 
     compute = COMPUTE * scale
-    one = [ddp_row("none", 1, compute, COMPUTE_CPU, 1.0)]
-    one += [ddp_row(b, 1, compute + OVERHEAD[b], COMPUTE_CPU, None) for b in lr.BACKENDS]
-    local = sm.Layout(1, 2, (CORES - BACKGROUND) / 2)
-    two = [ddp_row("none", 1, COMPUTE, COMPUTE_CPU, 1.0)]
-    two += [ddp_row(b, 2, 0, COMPUTE_CPU + BACKEND_CPU[b],
-                    sm.linearity(truth(b, sm.Link(1, 0)), "ring", local, BUCKET)) for b in lr.BACKENDS]
+    one = [ddp_row("none", 1, compute, compute, 1.0)]
+    one += [ddp_row(b, 1, compute + OVERHEAD[b], compute, None) for b in lr.BACKENDS]
+    two = [ddp_row("none", 1, COMPUTE, COMPUTE, 1.0)]
+    two += [ddp_row(b, 2, 0, COMPUTE + BACKEND_CPU[b],
+                    sm.linearity(truth(b, sm.Link(1, 0)), "ring", layout(1, 2), BUCKET)) for b in lr.BACKENDS]
     calibration = {"run": 0, "intra": {b: cal.link_of(ring_rows(INTRA[b]), 2) for b in lr.BACKENDS},
                    "split": {"m": {"backward_share": SHARE}}, "ddp": {"m": cal.ddp_terms(one, two, "m")},
                    "net": {rate: cal.p2p_link(p2p_rows(link)) for rate, link in NET.items()}}
     allreduce, ddp = [], []
     for rate, net in NET.items():
         for hosts, per_host in LAYOUTS:
-            layout = sm.Layout(hosts, per_host, (CORES - BACKGROUND) / (hosts * per_host))
+            here = layout(hosts, per_host)
             where = {"run": 0, "rate": rate, "hosts": hosts, "per_host": per_host}
             for column in ("ring", "hierarchical", "gloo") if per_host > 1 else ("ring", "gloo"):
                 backend, algorithm = ("gloo", "ring") if column == "gloo" else ("dlop", column)
                 for nbytes in (MIB, 16 * MIB):
-                    t = sm.allreduce_seconds(algorithm, nbytes, layout, INTRA[backend], net)
+                    t = sm.allreduce_seconds(algorithm, nbytes, here, INTRA[backend], net)
                     allreduce.append(dict(where, column=column, bytes=nbytes, time_us=t * 1e6))
             for backend in lr.BACKENDS:
                 algorithm = lr.dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
                 ddp.append(dict(where, model="m", backend=backend, background_cores=BACKGROUND,
-                                linearity=sm.linearity(truth(backend, net), algorithm, layout, BUCKET)))
+                                linearity=sm.linearity(truth(backend, net), algorithm, here, BUCKET)))
     return {"calibration": [calibration], "allreduce": allreduce, "ddp": ddp}
 
 
@@ -161,6 +167,13 @@ def test_scaling_model_formulas():
     exposed = sm.allreduce_seconds("ring", 1e3, one_host, intra, net)
     assert sm.step_seconds(t, "ring", one_host, BUCKET) == pytest.approx(0.24 + exposed)
     assert sm.step_seconds(t, "ring", sm.Layout(1, 4, 4.0), BUCKET) == pytest.approx(0.1 + exposed)
+    # Other processes kept 4/3 of 2 cores busy beside one busy rank: two runnable threads, 2/3 of a core each.
+    assert sm.background_threads(2, 1, 4 / 3) == pytest.approx(2.0)
+    assert sm.background_threads(16, 2, 1.0) == 1.0  # enough cores: each runnable thread has one
+    assert sm.fair_share(2, 1, 2.0) == pytest.approx(2 / 3)
+    # A baseline that had 2/3 of a core took 1.5x its quiet time; linearity is measured against it.
+    slow_alone = sm.Layout(1, 4, 4.0, alone_cores=2 / 3)
+    assert sm.linearity(t, "ring", slow_alone, BUCKET) == pytest.approx(0.15 / (0.1 + exposed))
     with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
         sm.allreduce_seconds("tree", b, layout, intra, net)
 

@@ -188,8 +188,10 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
     for (model, backend, rate, hosts, per_host), runs_of in sorted(cells.items(), key=lambda kv: str(kv[0])):
         values = [v for v, _ in runs_of]
         background = _common.median([b for _, b in runs_of])
-        # The cores other processes left (at least a tenth of the machine), shared by every rank of the run.
-        layout = sm.Layout(hosts, per_host, max(cores - background, cores / 10) / (hosts * per_host))
+        # Every rank of the run shares this machine's cores with the other processes' runnable threads.
+        threads = sm.background_threads(cores, hosts * per_host, background)
+        layout = sm.Layout(hosts, per_host, sm.fair_share(cores, hosts * per_host, threads),
+                           sm.fair_share(cores, 1, threads))
         algorithm = dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
         gradient = cal[0]["ddp"][model]["gradient_bytes"]
         runs = term_runs(cal, model, backend, rate)

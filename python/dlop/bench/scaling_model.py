@@ -3,9 +3,12 @@
 A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
-    busy     = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
-    step     = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
-    linearity = compute / step
+    busy      = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
+    step      = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
+    linearity = max(compute, compute_cpu / alone_cores) / step
+
+(alone_cores: what the 1-rank baseline had; on a machine shared with other
+work, cores are a fair share: cores / (busy ranks + other runnable threads).)
 
 Terms and where they come from (dlop/bench/linearity_calibrate.py):
 
@@ -65,6 +68,7 @@ class Layout:
     hosts: int
     per_host: int
     cores_per_rank: float  # cores each rank can use (compute threads and the backend's)
+    alone_cores: float = math.inf  # cores the 1-rank baseline (the model alone) had
 
     @property
     def ranks(self) -> int:
@@ -139,7 +143,22 @@ def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) 
 
 
 def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:
-    return t.compute_s / step_seconds(t, algorithm, layout, bucket_bytes)
+    """The 1-rank baseline's step (on layout.alone_cores) over the N-rank step."""
+    alone = max(t.compute_s, t.compute_cpu_s / layout.alone_cores)
+    return alone / step_seconds(t, algorithm, layout, bucket_bytes)
+
+
+def fair_share(cores: float, ranks: int, background: float) -> float:
+    """A rank's cores when `ranks` busy ranks and `background` runnable threads of other processes share `cores`."""
+    return cores / (ranks + background)
+
+
+def background_threads(cores: float, ranks: int, busy_cores: float) -> float:
+    """The runnable threads of other processes that kept `busy_cores` busy beside `ranks` busy ranks: each
+    runnable thread gets a core while there are enough, else a fair share of them."""
+    if ranks + busy_cores <= cores:
+        return busy_cores
+    return busy_cores * ranks / max(cores - busy_cores, 0.05 * cores)
 
 
 def fit_link(points: list[tuple[float, float, float]]) -> Link:

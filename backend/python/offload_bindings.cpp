@@ -185,6 +185,13 @@ void bind_ops(py::module_& m) {
       "a pipeline's op number i uses stream i");
 }
 
+MediaKind media_kind(const std::string& kind) {
+  if (kind == "image") return MediaKind::kImage;
+  if (kind == "video") return MediaKind::kVideo;
+  if (kind == "audio") return MediaKind::kAudio;
+  throw py::value_error("kind must be \"image\", \"video\" or \"audio\", not \"" + kind + "\"");
+}
+
 void bind_sources(py::module_& m) {
   py::class_<Source, std::shared_ptr<Source>>(m, "Source", "a folder by class, a manifest or a record file (open_source)")
       .def("__len__", &Source::size)
@@ -212,27 +219,18 @@ void bind_sources(py::module_& m) {
       // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
       // pybind11 without stl/filesystem.h.
       "open_source",
-      [](const std::string& p, const std::string& kind) {
-        MediaKind k = MediaKind::kImage;
-        if (kind == "video") {
-          k = MediaKind::kVideo;
-        } else if (kind == "audio") {
-          k = MediaKind::kAudio;
-        } else if (kind != "image") {
-          throw py::value_error("open_source: kind must be \"image\", \"video\" or \"audio\", not \"" + kind + "\"");
-        }
-        return std::shared_ptr<Source>(open_source(p, k));
-      },
+      [](const std::string& p, const std::string& kind) { return std::shared_ptr<Source>(open_source(p, media_kind(kind))); },
       py::arg("path"), py::arg("kind") = "image",
       "a folder opens as a folder by class of that kind (torchvision's order and labels), a .csv or .jsonl file as "
       "a manifest, any other file as a record file");
   m.def(
       "pack",
-      [](const std::string& root, const std::string& out) {
+      [](const std::string& root, const std::string& out, const std::string& kind) {
+        const MediaKind k = media_kind(kind);
         PackStats s;
         {
           py::gil_scoped_release release;
-          s = pack_image_folder(root, out);
+          s = pack_path(root, out, k);
         }
         py::dict d;
         d["records"] = s.records;
@@ -240,7 +238,8 @@ void bind_sources(py::module_& m) {
         d["bytes"] = s.bytes;
         return d;
       },
-      py::arg("root"), py::arg("out"), "dlop pack: an image folder into one checksummed record file");
+      py::arg("root"), py::arg("out"), py::arg("kind") = "image",
+      "dlop pack: a folder by class of that kind, or a manifest, into one checksummed record file");
 }
 
 void bind_pipeline(py::module_& m) {

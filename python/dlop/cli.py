@@ -1,7 +1,7 @@
 """The `dlop` command: one entry for dlop's tools.
 
-    dlop make-dataset OUT [--classes N --per-class N --seed S]
-    dlop pack ROOT OUT.dlrec
+    dlop make-dataset OUT [--kind image|video|audio --classes N --per-class N --seed S]
+    dlop pack ROOT OUT.dlrec [--kind image|video|audio]
     dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --discover] [--token-file F] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
     dlop offloader-stats HOST:PORT --token-file F [--json]
@@ -19,8 +19,8 @@ import importlib
 import sys
 
 COMMANDS = {
-    "make-dataset": ("dlop.data.make_dataset", "generate the built-in synthetic ImageNet-like image folder"),
-    "pack": ("dlop.data.pack", "pack an image folder into a dlop record file"),
+    "make-dataset": ("dlop.data.make_dataset", "generate a built-in synthetic dataset: images (default), video or audio"),
+    "pack": ("dlop.data.pack", "pack a folder by class or a manifest into a dlop record file"),
     "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
     "offloader": ("dlop.offloader_launcher", "run dlop-offloader and announce it in a training job's c10d store"),
     "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),

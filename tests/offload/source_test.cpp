@@ -91,7 +91,7 @@ TEST(RecordFile, PackRoundTrip) {
   const auto src = open_source(dir.path() / "data.dlop");
   const auto* rec = dynamic_cast<const RecordFile*>(src.get());
   ASSERT_NE(rec, nullptr);
-  EXPECT_EQ(rec->version(), 1u);
+  EXPECT_EQ(rec->version(), 2u);
   EXPECT_EQ(rec->classes(), folder.classes());
   ASSERT_EQ(rec->size(), folder.size());
   std::vector<std::uint8_t> a, b;
@@ -130,7 +130,7 @@ TEST(RecordFile, DamagedFilesFailCleanly) {
   };
   EXPECT_NE(damaged([](auto& b) { b.clear(); }).find("shorter than the 80-byte header"), std::string::npos);
   EXPECT_NE(damaged([](auto& b) { b[0] = 'X'; }).find("bad magic"), std::string::npos);
-  EXPECT_NE(damaged([](auto& b) { b[8] = 2; }).find("version 2 is not supported"), std::string::npos);
+  EXPECT_NE(damaged([](auto& b) { b[8] = 3; }).find("version 3 is not supported"), std::string::npos);
   EXPECT_NE(damaged([](auto& b) { b[30] ^= 1; }).find("header checksum mismatch"), std::string::npos);
   EXPECT_NE(damaged([](auto& b) { b.resize(b.size() - 1); }).find("truncated or appended"), std::string::npos);
   EXPECT_NE(damaged([](auto& b) { b[85] ^= 1; }).find("index checksum mismatch"), std::string::npos);

@@ -265,3 +265,13 @@ def test_bad_samples_raise_or_are_skipped_as_the_spec_says(tmp_path):
 def test_bad_specs_name_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
         _C.offload.BatchMaker(json.dumps({"kind": "audio", **bad}))
+
+
+@pytest.mark.parametrize("ext", ["wav", "flac"])
+def test_a_truncated_file_is_a_sample_error(tmp_path, ext):
+    write_wav(tmp_path / "a.wav", sine(440, 16000, 1.0), 16000)
+    if ext != "wav":
+        ffmpeg("-i", tmp_path / "a.wav", tmp_path / f"a.{ext}")
+    data = (tmp_path / f"a.{ext}").read_bytes()
+    with pytest.raises(SampleError, match=f"cut.{ext}"):
+        audio.decode(data[: len(data) // 2], name=f"cut.{ext}")

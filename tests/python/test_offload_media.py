@@ -59,7 +59,7 @@ def reference(source_path, spec, epoch):
     for indices in plan.batches(epoch):
         samples, labels, lengths, _ = maker.run_batch(source, indices, seed=SEED, epoch=epoch)
         if lengths is not None:
-            out.append((samples[..., : lengths.max()], labels, lengths))
+            out.append((samples[..., : lengths.max() if len(lengths) else 0], labels, lengths))
         else:
             out.append((samples, labels))
     return out
@@ -115,3 +115,65 @@ def test_video_from_the_local_fallback_equals_the_batch_maker(video_set):
     got = collect(loader)
     assert_same(got, reference(video_set, VIDEO, 0))
     assert got[0][0].shape == (BATCH, 2, 3, 4, 32, 32) and got[0][0].dtype == np.uint8
+
+
+def test_packed_video_carries_its_frame_index_and_gives_the_same_batches(video_set, tmp_path):
+    from dlop.data.pack import pack
+
+    out = tmp_path / "clips.dlrec"
+    stats = pack(video_set, str(out), kind="video")
+    folder, records = offload.open_source(video_set, "video"), offload.open_source(str(out))
+    assert stats["records"] == len(folder) == len(records) and records.classes == folder.classes
+    maker = offload.BatchMaker(json.dumps(VIDEO))
+    indices = list(range(len(folder)))
+    a, b = maker.run_batch(folder, indices, seed=3, epoch=1), maker.run_batch(records, indices, seed=3, epoch=1)
+    assert a[0].tobytes() == b[0].tobytes() and a[1].tolist() == b[1].tolist()
+    assert [records.read(i) for i in indices] == [folder.read(i) for i in indices]
+
+
+def test_a_packed_manifest_keeps_labels_and_time_spans(audio_set, tmp_path):
+    from dlop.data.pack import pack
+
+    root = tmp_path / "m.jsonl"
+    lines = [{"path": f"{audio_set.rsplit('/', 1)[0]}/{k}.wav", "labels": ["a", "b"][: 1 + k % 2],
+              "start": 0.1 * k, "end": 0.1 * k + 0.3} for k in range(4)]
+    root.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    pack(str(root), str(tmp_path / "m.dlrec"), kind="audio")
+    manifest, records = offload.open_source(str(root)), offload.open_source(str(tmp_path / "m.dlrec"))
+    assert records.multi_label and records.classes == manifest.classes == ["a", "b"]
+    for i in range(4):
+        assert records.labels(i) == manifest.labels(i)
+        assert records.time_span(i) == pytest.approx(manifest.time_span(i))
+    maker = offload.BatchMaker(json.dumps(AUDIO))
+    a, b = maker.run_batch(manifest, [0, 1, 2, 3], seed=1), maker.run_batch(records, [0, 1, 2, 3], seed=1)
+    # 0.3 s spans are 31 frames, but file 3 lasts 0.4 s: its span 0.3-0.6 s holds 0.1 s.
+    assert a[0].tobytes() == b[0].tobytes() and a[2].tolist() == b[2].tolist() == [31, 31, 31, 11]
+
+
+@pytest.mark.parametrize("kind", ["audio", "video"])
+def test_bad_files_are_skipped_by_every_daemon_alike_and_the_epoch_stays_exactly_once(
+        kind, audio_set, video_set, daemons, tmp_path):  # noqa: F811
+    """A corrupt file and a truncated one: the skip policy leaves exactly those out, on every daemon alike
+    (batches equal the batch maker's), and the daemons keep serving."""
+    import shutil
+
+    src = audio_set.rsplit("/", 1)[0] if kind == "audio" else video_set
+    root = tmp_path / "data"
+    shutil.copytree(src, root)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in (".csv",))
+    files[1].write_bytes(b"not a media file at all")
+    files[3].write_bytes(files[3].read_bytes()[: 200])
+    if kind == "audio":
+        (root / "m.csv").write_text("path,label\n" + "".join(f"{p.name},x\n" for p in files))
+        path, spec = str(root / "m.csv"), {**AUDIO, "on_error": "skip"}
+    else:
+        path, spec = str(root), {**VIDEO, "on_error": "skip"}
+    source = offload.open_source(path, kind)
+    loader = OffloadLoader(path, spec, BATCH, seed=SEED, offloaders=[d.address for d in daemons], token=TOKEN)
+    assert loader.offloaded
+    got = collect(loader)
+    want = reference(path, spec, 0)
+    assert_same(got, want)
+    assert sum(len(b[0]) for b in got) == len(source) - 2
+    loader.set_epoch(1)
+    assert sum(len(b[0]) for b in collect(loader)) == len(source) - 2  # the daemons still serve

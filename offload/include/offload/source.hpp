@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dlop::offload {
@@ -139,9 +141,15 @@ class RecordFile final : public Source {
   std::int64_t label(std::size_t i) const override;
   std::string name(std::size_t i) const override;
   std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  std::span<const std::uint8_t> sidecar(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  bool multi_label() const override;
+  std::vector<std::int64_t> labels(std::size_t i) const override;
+  TimeSpan time_span(std::size_t i) const override;
   std::uint32_t version() const;
 
  private:
+  // Record i's bytes, sidecar included, after its checksum is checked.
+  std::span<const std::uint8_t> record(std::size_t i) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> classes_;
@@ -157,10 +165,19 @@ struct PackStats {
   std::uint64_t bytes = 0;  // the whole file
 };
 
-// `dlop pack`: writes every sample of the image folder `root` into one record
-// file at `out` (written beside it, then renamed, so a crash never leaves a
-// half-written file under that name). Records keep their bytes, label and
-// relative path; the order is ImageFolder's.
+// What `dlop pack` computes once per file and stores as its sidecar (a
+// video's frame index); empty: nothing.
+using MakeSidecar = std::function<std::vector<std::uint8_t>(std::span<const std::uint8_t> bytes, std::string_view name)>;
+
+// `dlop pack`: writes every sample of `source` into one record file at `out`
+// (written beside it, then renamed, so a crash never leaves a half-written
+// file under that name). Records keep their bytes, labels, time span and
+// name (a folder's relative path, a manifest's path), in the source's order.
+// A file that cannot be read fails the pack.
+PackStats pack_source(const Source& source, const std::filesystem::path& out, const MakeSidecar& sidecar = {});
+// A folder of `kind` or a manifest (open_source's rules) into `out`; video
+// records carry their frame index.
+PackStats pack_path(const std::filesystem::path& in, const std::filesystem::path& out, MediaKind kind);
 PackStats pack_image_folder(const std::filesystem::path& root, const std::filesystem::path& out);
 
 }  // namespace dlop::offload

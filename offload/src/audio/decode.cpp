@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "offload/audio.hpp"
 #include "core/error.hpp"
@@ -36,6 +37,25 @@ sf_count_t mem_read(void* out, sf_count_t count, void* user) {
   return n;
 }
 sf_count_t mem_write(const void*, sf_count_t, void*) { return 0; }
+
+// libsndfile reads a cut WAV as a shorter one (its frame count shrinks to
+// what is there), so the cut is found here: the data chunk's size against
+// the bytes after it. A size of 0 or 0xffffffff is a writer's "unknown".
+bool wav_data_cut(std::span<const std::uint8_t> b) {
+  const auto u32 = [&](std::size_t at) {
+    return static_cast<std::uint32_t>(b[at]) | static_cast<std::uint32_t>(b[at + 1]) << 8 |
+           static_cast<std::uint32_t>(b[at + 2]) << 16 | static_cast<std::uint32_t>(b[at + 3]) << 24;
+  };
+  if (b.size() < 12 || std::memcmp(b.data(), "RIFF", 4) != 0 || std::memcmp(b.data() + 8, "WAVE", 4) != 0) return false;
+  for (std::size_t at = 12; at + 8 <= b.size();) {
+    const std::uint64_t size = u32(at + 4);
+    if (std::memcmp(b.data() + at, "data", 4) == 0) {
+      return size != 0 && size != 0xffffffffu && size > b.size() - (at + 8);
+    }
+    at += 8 + size + (size & 1);
+  }
+  return false;
+}
 sf_count_t mem_tell(void* user) { return static_cast<Memory*>(user)->at; }
 
 }  // namespace
@@ -54,21 +74,38 @@ Audio decode_audio(std::span<const std::uint8_t> bytes, std::string_view name, T
   } closer{file};
   if (info.channels <= 0 || info.samplerate <= 0) throw SampleError(who, "no channels or no sample rate in its header");
 
+  // info.frames is exact for every format but MP3 (an estimate) and is 0
+  // when a stream does not say (FLAC written to a pipe): read to the end then.
+  const bool exact = info.frames > 0 && (info.format & SF_FORMAT_SUBMASK) != SF_FORMAT_MPEG_LAYER_III;
   sf_count_t first = 0;
-  sf_count_t last = info.frames;  // MP3's count can be an estimate: reading stops at the real end anyway
+  sf_count_t last = std::numeric_limits<sf_count_t>::max();
   if (span.start > 0) first = static_cast<sf_count_t>(std::floor(span.start * info.samplerate));
-  if (span.end >= 0) last = std::min<sf_count_t>(last, static_cast<sf_count_t>(std::ceil(span.end * info.samplerate)));
+  if (span.end >= 0) last = static_cast<sf_count_t>(std::ceil(span.end * info.samplerate));
+  if (exact) last = std::min(last, info.frames);
   if (first > 0 && sf_seek(file, first, SEEK_SET) < 0) {
     throw SampleError(who, fmt::format("cannot seek to {} s: {}", span.start, sf_strerror(file)));
   }
   Audio audio;
   audio.sample_rate = info.samplerate;
   audio.channels = info.channels;
-  const sf_count_t want = std::max<sf_count_t>(last - first, 0);
-  audio.samples.resize(static_cast<std::size_t>(want) * static_cast<std::size_t>(info.channels));
-  const sf_count_t got = want > 0 ? sf_readf_float(file, audio.samples.data(), want) : 0;
-  if (sf_error(file) != SF_ERR_NO_ERROR) throw SampleError(who, fmt::format("decoding failed: {}", sf_strerror(file)));
-  audio.samples.resize(static_cast<std::size_t>(got) * static_cast<std::size_t>(info.channels));
+  const auto channels = static_cast<std::size_t>(info.channels);
+  constexpr sf_count_t kChunk = 1 << 16;
+  sf_count_t got = 0;
+  while (got < last - first) {
+    const sf_count_t want = std::min(kChunk, last - first - got);
+    audio.samples.resize(static_cast<std::size_t>(got + want) * channels);
+    const sf_count_t n = sf_readf_float(file, audio.samples.data() + static_cast<std::size_t>(got) * channels, want);
+    if (sf_error(file) != SF_ERR_NO_ERROR) throw SampleError(who, fmt::format("decoding failed: {}", sf_strerror(file)));
+    got += std::max<sf_count_t>(n, 0);
+    if (n < want) break;
+  }
+  audio.samples.resize(static_cast<std::size_t>(got) * channels);
+  if ((info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_WAV && wav_data_cut(bytes)) {
+    throw SampleError(who, "truncated: its data chunk is longer than the file");
+  }
+  if (exact && first + got < last) {
+    throw SampleError(who, fmt::format("truncated: its header promises {} frames, only {} decode", info.frames, first + got));
+  }
   if (got == 0) throw SampleError(who, span.start > 0 || span.end >= 0 ? "no audio in its time span" : "no audio samples");
   return audio;
 }

@@ -17,8 +17,8 @@
 
 namespace dlop::offload {
 
-std::uint32_t record::crc32(const void* data, std::uint64_t size) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
+std::uint32_t record::crc32(const void* data, std::uint64_t size, std::uint32_t start) {
+  uLong crc = start;
   const auto* p = static_cast<const Bytef*>(data);
   while (size > 0) {
     const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(size, 1u << 30));
@@ -37,6 +37,9 @@ struct RecordFile::Impl {
   const record::IndexEntry* index = nullptr;
   const char* strings = nullptr;
   std::uint64_t strings_size = 0;
+  const record::RecordExtra* extras = nullptr;  // version 2
+  const std::int64_t* labels = nullptr;         // the pool
+  bool multi_label = false;
   const std::uint8_t* data = nullptr;
 
   [[noreturn]] void malformed(std::string_view why) const {
@@ -56,7 +59,7 @@ void RecordFile::Impl::check() {
   if (size < sizeof(FileHeader)) malformed(fmt::format("{} bytes, shorter than the {}-byte header", size, sizeof(FileHeader)));
   std::memcpy(&header, base, sizeof header);
   if (std::memcmp(header.magic, record::kMagic, sizeof record::kMagic) != 0) malformed("not a dlop record file (bad magic)");
-  if (header.version != record::kVersion) {
+  if (header.version != 1 && header.version != record::kVersion) {
     throw_error(Errc::kInvalidArgument, fmt::format("record file {}: version {} is not supported (this dlop reads version {})",
                                                     path, header.version, record::kVersion));
   }
@@ -79,9 +82,26 @@ void RecordFile::Impl::check() {
   const std::uint8_t* meta = base + header.meta_offset;
   index = reinterpret_cast<const record::IndexEntry*>(meta);
   const auto* classes = reinterpret_cast<const record::ClassEntry*>(meta + header.num_records * sizeof(record::IndexEntry));
-  strings = reinterpret_cast<const char*>(classes + header.num_classes);
-  strings_size = header.meta_size - header.num_records * sizeof(record::IndexEntry) -
-                 header.num_classes * sizeof(record::ClassEntry);
+  const std::uint8_t* rest = reinterpret_cast<const std::uint8_t*>(classes + header.num_classes);
+  std::uint64_t rest_size = header.meta_size - header.num_records * sizeof(record::IndexEntry) -
+                            header.num_classes * sizeof(record::ClassEntry);
+  std::uint64_t pool = 0;
+  if (header.version >= 2) {
+    if (rest_size < 8) malformed("no label pool size");
+    std::memcpy(&pool, rest, 8);
+    rest += 8;
+    rest_size -= 8;
+    if (header.num_records > rest_size / sizeof(record::RecordExtra) ||
+        pool > (rest_size - header.num_records * sizeof(record::RecordExtra)) / 8) {
+      malformed("labels larger than their section");
+    }
+    extras = reinterpret_cast<const record::RecordExtra*>(rest);
+    labels = reinterpret_cast<const std::int64_t*>(rest + header.num_records * sizeof(record::RecordExtra));
+    rest += header.num_records * sizeof(record::RecordExtra) + pool * 8;
+    rest_size -= header.num_records * sizeof(record::RecordExtra) + pool * 8;
+  }
+  strings = reinterpret_cast<const char*>(rest);
+  strings_size = rest_size;
   data = base + header.data_offset;
   for (std::uint64_t c = 0; c < header.num_classes; ++c) {
     if (!string_ok(classes[c].name_offset, classes[c].name_length)) malformed(fmt::format("class {}: name out of bounds", c));
@@ -91,8 +111,25 @@ void RecordFile::Impl::check() {
     if (e.offset > header.data_size || e.length > header.data_size - e.offset) {
       malformed(fmt::format("record {}: bytes out of bounds", i));
     }
-    if (e.label < 0 || static_cast<std::uint64_t>(e.label) >= header.num_classes) {
+    const bool unlabelled = extras != nullptr && extras[i].labels_count == 0 && e.label == -1;
+    if (!unlabelled && (e.label < 0 || static_cast<std::uint64_t>(e.label) >= header.num_classes)) {
       malformed(fmt::format("record {}: label {} not in [0, {})", i, e.label, header.num_classes));
+    }
+    if (e.sidecar_length > e.length) malformed(fmt::format("record {}: sidecar longer than the record", i));
+    if (extras != nullptr) {
+      const record::RecordExtra& x = extras[i];
+      if (x.labels_at > pool || x.labels_count > pool - x.labels_at) malformed(fmt::format("record {}: labels out of bounds", i));
+      for (std::uint32_t k = 0; k < x.labels_count; ++k) {
+        const std::int64_t c = labels[x.labels_at + k];
+        if (c < 0 || static_cast<std::uint64_t>(c) >= header.num_classes) {
+          malformed(fmt::format("record {}: label {} not in [0, {})", i, c, header.num_classes));
+        }
+      }
+      if (x.labels_count > 0 && labels[x.labels_at] != e.label) malformed(fmt::format("record {}: labels disagree", i));
+      if (!(x.start >= 0) || (x.end >= 0 && x.end <= x.start)) malformed(fmt::format("record {}: bad time span", i));
+      multi_label = multi_label || x.labels_count != 1;
+    } else if (e.sidecar_length != 0) {
+      malformed(fmt::format("record {}: a sidecar in a version 1 file", i));
     }
     if (!string_ok(e.name_offset, e.name_length)) malformed(fmt::format("record {}: name out of bounds", i));
   }
@@ -146,12 +183,35 @@ std::string RecordFile::name(std::size_t i) const {
   return fmt::format("{}[{}] {}", impl_->path, i, impl_->string_at(impl_->index[i].name_offset, impl_->index[i].name_length));
 }
 
-std::span<const std::uint8_t> RecordFile::read(std::size_t i, std::vector<std::uint8_t>& /*scratch*/) const {
+std::span<const std::uint8_t> RecordFile::record(std::size_t i) const {
   if (i >= size()) throw_error(Errc::kInvalidArgument, fmt::format("record file {}: index {} out of range", impl_->path, i));
   const record::IndexEntry& e = impl_->index[i];
   const std::uint8_t* p = impl_->data + e.offset;
   if (record::crc32(p, e.length) != e.crc) throw SampleError(name(i), "record checksum mismatch (corrupt record file)");
   return {p, static_cast<std::size_t>(e.length)};
+}
+
+std::span<const std::uint8_t> RecordFile::read(std::size_t i, std::vector<std::uint8_t>& /*scratch*/) const {
+  return record(i).subspan(impl_->index[i].sidecar_length);
+}
+
+std::span<const std::uint8_t> RecordFile::sidecar(std::size_t i, std::vector<std::uint8_t>& /*scratch*/) const {
+  return record(i).first(impl_->index[i].sidecar_length);
+}
+
+bool RecordFile::multi_label() const { return impl_->multi_label; }
+
+std::vector<std::int64_t> RecordFile::labels(std::size_t i) const {
+  if (impl_->extras == nullptr) return {label(i)};
+  if (i >= size()) throw_error(Errc::kInvalidArgument, fmt::format("record file {}: index {} out of range", impl_->path, i));
+  const record::RecordExtra& x = impl_->extras[i];
+  return {impl_->labels + x.labels_at, impl_->labels + x.labels_at + x.labels_count};
+}
+
+TimeSpan RecordFile::time_span(std::size_t i) const {
+  if (i >= size()) throw_error(Errc::kInvalidArgument, fmt::format("record file {}: index {} out of range", impl_->path, i));
+  if (impl_->extras == nullptr) return {};
+  return {impl_->extras[i].start, impl_->extras[i].end};
 }
 
 }  // namespace dlop::offload

@@ -1,6 +1,10 @@
 """A synthetic ImageNet-like image folder, generated locally (no download).
 
-    python -m dlop.data.make_dataset OUT [--classes 10] [--per-class 100] [--seed 0]
+    python -m dlop.data.make_dataset OUT [--kind image|video|audio] [--classes N] [--per-class N] [--seed 0]
+
+``--kind video`` and ``--kind audio`` write the built-in video and audio
+sets instead (dlop.data.make_video, dlop.data.make_audio: real codecs made
+with ffmpeg and espeak-ng; 4 classes of 4 clips by default).
 
 writes ``OUT/<class>/<class>_<i>.jpg``: JPEGs of varied sizes around 500x375
 (300-640 wide), one folder per class, the layout torchvision's ImageFolder and
@@ -134,11 +138,21 @@ def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlop.data.make_dataset", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="folder to write (created)")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--per-class", type=int, default=100)
+    parser.add_argument("--kind", choices=("image", "video", "audio"), default="image")
+    parser.add_argument("--classes", type=int, help="default: 10 for images, 4 for video and audio")
+    parser.add_argument("--per-class", type=int, help="default: 100 images, 4 clips")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.kind != "image":
+        from dlop.data.make_audio import make_audio_dataset
+        from dlop.data.make_video import make_video_dataset
+
+        make = make_video_dataset if args.kind == "video" else make_audio_dataset
+        paths = make(args.out, args.classes or 4, args.per_class or 4, seed=args.seed)
+        print(f"{len(paths)} {args.kind} clips in {args.out} ({time.perf_counter() - start:.1f} s)")
+        return 0
+    args.classes, args.per_class = args.classes or 10, args.per_class or 100
     stats = make_dataset(args.out, args.classes, args.per_class, args.seed, progress=True)
     print(
         f"{stats['images']} images in {stats['classes']} classes, {stats['bytes'] / 1e6:.1f} MB, "

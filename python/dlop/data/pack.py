@@ -1,10 +1,12 @@
-"""Packs an image folder (torchvision's ImageFolder layout) into one record file.
+"""Packs a folder by class (torchvision's ImageFolder layout) or a manifest into one record file.
 
-    python -m dlop.data.pack ROOT OUT
+    python -m dlop.data.pack ROOT OUT [--kind image|video|audio]
 
 The record file (format in offload/src/source/record_format.hpp) keeps each
-file's bytes, label and relative path in ImageFolder's order, with CRC-32
-checksums; dlop's native sources read it with mmap.
+file's bytes, labels, time span and relative path in the source's order,
+with CRC-32 checksums; dlop's native sources read it with mmap. Video
+records also carry each file's frame index (every frame's pts and keyframe
+flag), computed once here, so the offloaders never scan a file.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import threading
 import time
 
 
-def pack(root: str, out: str, progress: bool = False) -> dict:
-    """Writes `out` from the folder `root`; returns {"records", "classes", "bytes"}. `progress`: a bar on stderr
-    while stderr is a terminal."""
+def pack(root: str, out: str, progress: bool = False, kind: str = "image") -> dict:
+    """Writes `out` from the folder or manifest `root`; returns {"records", "classes", "bytes"}. `progress`: a bar
+    on stderr while stderr is a terminal."""
     from dlop._C import offload
 
-    if not progress or not sys.stderr.isatty():
-        return offload.pack(os.fspath(root), os.fspath(out))
-    return _pack_with_bar(offload.pack, os.fspath(root), os.fspath(out))
+    def run(r, o):
+        return offload.pack(r, o, kind)
+
+    if not progress or not sys.stderr.isatty() or not os.path.isdir(root):
+        return run(os.fspath(root), os.fspath(out))
+    return _pack_with_bar(run, os.fspath(root), os.fspath(out))
 
 
 def _pack_with_bar(pack_fn, root: str, out: str) -> dict:
@@ -57,11 +62,13 @@ def _pack_with_bar(pack_fn, root: str, out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlop.data.pack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", help="image folder: one sub-folder per class")
+    parser.add_argument("root", help="a folder with one sub-folder per class, or a .csv/.jsonl manifest")
     parser.add_argument("out", help="record file to write (replaced atomically)")
+    parser.add_argument("--kind", choices=("image", "video", "audio"), default="image",
+                        help="which files a folder's classes hold")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    stats = pack(args.root, args.out, progress=True)
+    stats = pack(args.root, args.out, progress=True, kind=args.kind)
     print(
         f"{stats['records']} records in {stats['classes']} classes, {stats['bytes'] / 1e6:.1f} MB, "
         f"to {args.out} ({time.perf_counter() - start:.1f} s)"

@@ -5,6 +5,9 @@
 
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <cstring>
 #include <fstream>
 
 #include "offload/codec.hpp"
@@ -104,6 +107,52 @@ TEST(RecordFile, PackRoundTrip) {
   }
   EXPECT_THROW(rec->read(folder.size(), a), Error);
   EXPECT_FALSE(fs::exists(dir.path() / ("data.dlop.tmp." + std::to_string(::getpid()))));
+}
+
+// Version 1 of a version 2 file: the same header and index without the
+// label pool and time spans (what dlop wrote before), checksums redone.
+std::vector<std::uint8_t> as_version_1(std::vector<std::uint8_t> v2, std::size_t records, std::size_t classes,
+                                       std::size_t labels) {
+  const auto u64_at = [&](std::size_t at) {
+    std::uint64_t x = 0;
+    std::memcpy(&x, v2.data() + at, 8);
+    return x;
+  };
+  const auto put_u32 = [&](std::size_t at, std::uint32_t x) { std::memcpy(v2.data() + at, &x, 4); };
+  const auto put_u64 = [&](std::size_t at, std::uint64_t x) { std::memcpy(v2.data() + at, &x, 8); };
+  const std::size_t extras_at = 80 + records * 40 + classes * 8;
+  const std::size_t extras_size = 8 + records * 24 + labels * 8;
+  EXPECT_EQ(u64_at(extras_at), labels);
+  v2.erase(v2.begin() + static_cast<std::ptrdiff_t>(extras_at), v2.begin() + static_cast<std::ptrdiff_t>(extras_at + extras_size));
+  put_u32(8, 1);
+  put_u64(16, u64_at(16) - extras_size);  // file_size
+  put_u64(48, u64_at(48) - extras_size);  // meta_size
+  put_u64(56, u64_at(56) - extras_size);  // data_offset
+  put_u32(72, crc32(0, v2.data() + 80, static_cast<uInt>(u64_at(48))));
+  put_u32(76, crc32(0, v2.data(), 76));
+  return v2;
+}
+
+TEST(RecordFile, Version1FilesAreStillRead) {
+  TempDir dir;
+  make_tree(dir.path() / "tree");
+  pack_image_folder(dir.path() / "tree", dir.path() / "v2.dlop");
+  const ImageFolder folder(dir.path() / "tree");
+  write_file(dir.path() / "v1.dlop",
+             as_version_1(test::read_file(dir.path() / "v2.dlop"), folder.size(), folder.classes().size(), folder.size()));
+  const RecordFile v1(dir.path() / "v1.dlop");
+  EXPECT_EQ(v1.version(), 1u);
+  ASSERT_EQ(v1.size(), folder.size());
+  EXPECT_FALSE(v1.multi_label());
+  std::vector<std::uint8_t> a, b;
+  for (std::size_t i = 0; i < folder.size(); ++i) {
+    const auto x = v1.read(i, a);
+    const auto y = folder.read(i, b);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << i;
+    EXPECT_EQ(v1.labels(i), std::vector<std::int64_t>{folder.label(i)});
+    EXPECT_EQ(v1.time_span(i), TimeSpan{});
+    EXPECT_TRUE(v1.sidecar(i, a).empty());
+  }
 }
 
 std::string open_error(const fs::path& path) {

@@ -24,10 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from dlop.bench import _common, linearity_calibrate as cal, linearity_checks as checks, linearity_report
 from dlop.bench.ddp_models import MODELS
+
+RETRY_PAUSE_S = 30
 
 
 def _layout(text: str) -> tuple[int, int]:
@@ -90,6 +93,17 @@ def ddp_argv(args) -> list[str]:
     return argv + (["--batch", str(args.batch)] if args.batch else [])
 
 
+def _once_more(step, *args):
+    """step(*args), and once more after a pause if it fails: on a machine shared with builds, a launch can meet the
+    library while it is being relinked. A second failure is the run's."""
+    try:
+        return step(*args)
+    except RuntimeError as e:
+        print(f"linearity: {e}; trying once more in {RETRY_PAUSE_S} s", file=sys.stderr, flush=True)
+        time.sleep(RETRY_PAUSE_S)
+        return step(*args)
+
+
 def measure(args) -> dict:
     """Every run's calibration and checks, rounds interleaved so that a noisy neighbour hits all alike."""
     from dlop.bench import netns
@@ -104,18 +118,19 @@ def measure(args) -> dict:
     port = 29700
     for run in range(args.runs):
         print(f"linearity: run {run + 1} of {args.runs}: calibration", file=sys.stderr, flush=True)
-        one = cal.ddp_local(ddp_argv(args), 1, raw, str(run))
-        two = cal.ddp_local(ddp_argv(args), 2, raw, str(run))
+        one = _once_more(cal.ddp_local, ddp_argv(args), 1, raw, str(run))
+        two = _once_more(cal.ddp_local, ddp_argv(args), 2, raw, str(run))
         found["calibration"].append({
             "run": run,
-            "intra": {"dlop": cal.intra_dlop(raw, str(run)), "gloo": cal.intra_gloo(raw, str(run), free_port())},
+            "intra": {"dlop": _once_more(cal.intra_dlop, raw, str(run)),
+                      "gloo": _once_more(cal.intra_gloo, raw, str(run), free_port())},
             "split": {m: cal.split(m, args.batch, args.threads, args.steps + 2) for m in args.models},
             "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}})
         for rate in args.rates:
             shaped = None if rate == "none" else rate
             with netns.Hosts(max(h for h, _ in args.layouts), shaped) as hosts:
                 port += 1
-                found["calibration"][-1]["net"][rate] = cal.network(hosts, raw, f"{rate}_{run}", port)
+                found["calibration"][-1]["net"][rate] = _once_more(cal.network, hosts, raw, f"{rate}_{run}", port)
                 for n_hosts, per_host in args.layouts:
                     where = {"run": run, "rate": rate, "hosts": n_hosts, "per_host": per_host}
                     print(f"linearity: run {run + 1}: {n_hosts}x{per_host} on {rate}", file=sys.stderr, flush=True)
@@ -123,13 +138,13 @@ def measure(args) -> dict:
                     for algorithm in ("ring", "hierarchical") if per_host > 1 else ("ring",):
                         port += 1
                         tag = f"{rate}_{n_hosts}x{per_host}_{algorithm}_{run}"
-                        for row in checks.allreduce(hosts, n_hosts, per_host, algorithm, args.sizes,
-                                                    args.repetitions, raw, tag, port):
+                        for row in _once_more(checks.allreduce, hosts, n_hosts, per_host, algorithm, args.sizes,
+                                              args.repetitions, raw, tag, port):
                             column = algorithm if row["impl"] == "dlop" else "gloo"
                             found["allreduce"].append(dict(where, column=column, bytes=row["bytes"],
                                                            time_us=row["time_us"]))
                     port += 1
-                    for row in checks.ddp(hosts, n_hosts, per_host, ddp_argv(args), raw,
+                    for row in _once_more(checks.ddp, hosts, n_hosts, per_host, ddp_argv(args), raw,
                                           f"{rate}_{n_hosts}x{per_host}_{run}", port):
                         if row["backend"] != "none":
                             found["ddp"].append(dict(where, **row))

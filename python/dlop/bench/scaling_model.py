@@ -97,7 +97,10 @@ def hierarchical_allreduce(nbytes: float, layout: Layout, intra: Link, net: Link
 
 def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
     if algorithm == "ring":
-        return ring_allreduce(nbytes, layout.ranks, slowest(intra, net) if layout.hosts > 1 else intra)
+        if layout.hosts == 1:
+            return ring_allreduce(nbytes, layout.ranks, intra)
+        # In rank order, a ring of one rank per host has only network edges; otherwise it has both kinds.
+        return ring_allreduce(nbytes, layout.ranks, net if layout.per_host == 1 else slowest(intra, net))
     if algorithm == "hierarchical":
         if layout.hosts == 1 or layout.per_host == 1:
             return ring_allreduce(nbytes, layout.ranks, net if layout.hosts > 1 else intra)

@@ -17,6 +17,9 @@ their children); the trainer's own CPU-seconds per sample (what the GPU host
 pays); peak RSS of the trainer and of the workers or daemons. ``--scaling``
 adds native rows with 1 and 2 daemons (k threads each). Medians over
 ``--reps`` timed passes, each after one untimed warm-up batch.
+
+``--kind video`` and ``--kind audio`` run the clip and audio pipelines against
+the tools users load them with today (``dlop.bench.offload_media``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m dlop.bench.offload", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kind", choices=("image", "video", "audio"), default="image",
+                   help="video and audio: see python -m dlop.bench.offload --kind video --help")
     p.add_argument("--data", help="an image folder (class per sub-folder); default: the built-in dataset, made once")
     p.add_argument("--images", type=int, default=640, help="images of the built-in dataset (10 classes)")
     p.add_argument("-k", "--workers", type=int, default=2, help="DataLoader workers = offloader threads = Python workers")
@@ -176,19 +181,21 @@ class Daemons:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids, desc: str = "") -> dict:
-    """Median over passes of samples/s and CPU per sample; each pass skips one warm-up batch."""
+def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids, desc: str = "",
+                 unit: str = "image") -> dict:
+    """Median over passes of samples/s and CPU per sample; each pass skips one warm-up batch. A batch is a
+    tuple whose first item holds the samples (audio's has lengths after the labels)."""
     rates, cpu_all, cpu_trainer = [], [], []
-    bar = _common.progress(total=reps * batches * batch, desc=desc or "offload", unit="image")
+    bar = _common.progress(total=reps * batches * batch, desc=desc or "offload", unit=unit)
     for _ in range(reps):
         it = make_iter()
         next(it)  # warm-up: workers started, first batch in flight
         pids = helper_pids()
         helpers0 = sum(proc_cpu(p) for p in pids)
         own0, wall0, n = trainer_cpu(), time.perf_counter(), 0
-        for images, _labels in it:
-            n += images.shape[0]
-            bar.update(images.shape[0])
+        for got in it:
+            n += got[0].shape[0]
+            bar.update(got[0].shape[0])
             if n >= batches * batch:
                 break
         wall = time.perf_counter() - wall0
@@ -300,6 +307,12 @@ def print_ratios(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
+    kind = argparse.ArgumentParser(add_help=False)
+    kind.add_argument("--kind", default="image")
+    if kind.parse_known_args(argv)[0].kind in ("video", "audio"):
+        from dlop.bench import offload_media  # its own options: a parser of its own
+
+        return offload_media.main(argv)
     args = parse_args(argv)
     pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
     unknown = set(pipelines) - {"dataloader", "native", "python"}

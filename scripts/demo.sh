@@ -8,6 +8,8 @@
 #    image folder (`dlop make-dataset`) by 2 trainer ranks (backend dlop), its
 #    batches made by 2 local dlop-offloader daemons, then the same training
 #    with a local torch DataLoader; both samples/s and their ratio.
+#    Then video: a small 3D CNN on the built-in video set (`dlop make-dataset
+#    --kind video`), its clips decoded and augmented by the same daemons.
 # 3. dlop's all-reduce against Open MPI's on the same buffers (nccl-tests
 #    table), 2 ranks under mpirun.
 set -euo pipefail
@@ -55,6 +57,12 @@ echo "== the same training, batches from a local torch DataLoader (1 worker per 
 rate() { grep "^epoch" "$1" | tail -1 | sed 's/.* \([0-9.]*\) samples\/s/\1/'; }
 echo "== last epoch: offloaded $(rate "$work/offloaded.log") samples/s, local DataLoader $(rate "$work/local.log") samples/s," \
   "ratio $(python3 -c "print(f'{$(rate "$work/offloaded.log") / $(rate "$work/local.log"):.2f}')")"
+echo
+videos=${DLOP_DEMO_VIDEOS:-${XDG_CACHE_HOME:-$HOME/.cache}/dlop/demo-videos}
+[[ -f $videos/.complete ]] || { rm -rf "$videos" && "$venv/bin/dlop" make-dataset --kind video "$videos" --classes 4 --per-class 8 && touch "$videos/.complete"; }
+echo "== offloaded video: a 3D CNN on 2 trainer ranks (dlop), 8-frame clips decoded by the same daemons"
+DLOP_OFFLOAD_TOKEN=$(cat "$work/token") "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+  examples/offload_video_train.py --data "$videos" --offloaders "$offloaders" --epochs 2
 echo
 
 echo "== all-reduce, 2 ranks: dlop and Open MPI on the same buffers"

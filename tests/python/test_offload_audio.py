@@ -275,3 +275,10 @@ def test_a_truncated_file_is_a_sample_error(tmp_path, ext):
     data = (tmp_path / f"a.{ext}").read_bytes()
     with pytest.raises(SampleError, match=f"cut.{ext}"):
         audio.decode(data[: len(data) // 2], name=f"cut.{ext}")
+
+
+def test_a_codec_libsndfile_lacks_is_a_sample_error(tmp_path):
+    write_wav(tmp_path / "a.wav", sine(440, 16000, 0.5), 16000)
+    ffmpeg("-i", tmp_path / "a.wav", "-c:a", "aac", tmp_path / "a.m4a")  # AAC: no libsndfile decoder
+    with pytest.raises(SampleError, match="a.m4a.*not an audio file libsndfile reads"):
+        audio.decode((tmp_path / "a.m4a").read_bytes(), name="a.m4a")

@@ -103,6 +103,15 @@ void bind_audio(py::module_& m) {
       },
       py::arg("mono"), py::arg("from_rate"), py::arg("to_rate"));
   a.def(
+      "crop",
+      [=](const py::bytes& data, const std::string& spec, std::uint64_t seed, std::uint64_t epoch, std::uint64_t index,
+          double start, double end) {
+        const auto out = audio_crop(bytes_of(data), spec_of(spec), SampleKey{seed, epoch, index}, TimeSpan{start, end});
+        return array_of(out, {static_cast<py::ssize_t>(out.size())});
+      },
+      py::arg("data"), py::arg("spec"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("index") = 0,
+      py::arg("start") = 0.0, py::arg("end") = -1.0, "the mono crop at the spec's rate a sample's features are made of");
+  a.def(
       "mel_filter_bank",
       [=](const std::string& spec) {
         const AudioSpec s = spec_of(spec);

@@ -186,12 +186,16 @@ def test_spec_augment_masks_whole_bands_within_bounds():
     assert seen_masked > 40  # masks of width 0 are possible, but rare
 
 
-def test_features_of_a_stereo_file_equal_the_reference_pipeline(tmp_path):
+@pytest.mark.parametrize("crop", ["start", "center"])
+def test_features_of_a_stereo_file_equal_the_reference_pipeline(tmp_path, crop):
+    """The pipeline decodes and resamples only the crop's part (with a margin); the reference resamples the
+    whole file, then crops: equal within the tolerance only if the part's samples fall on the same instants."""
     raw = write_wav(tmp_path / "a.wav", sine(440, 22050, 3.0, channels=2) + 0.01, 22050)
-    s = spec(seconds=2, crop="start", n_fft=400, hop=160, n_mels=80, mel_scale="slaney", slaney_norm=True)
+    s = spec(seconds=2, crop=crop, n_fft=400, hop=160, n_mels=80, mel_scale="slaney", slaney_norm=True)
     got = audio.features((tmp_path / "a.wav").read_bytes(), s)
     mono = raw.mean(axis=1, dtype=np.float64).astype(np.float32)
-    signal = audio.resample(mono, 22050, 16000)[:32000]
+    first = 0 if crop == "start" else (len(mono) * 16000 // 22050 - 32000) // 2
+    signal = audio.resample(mono, 22050, 16000)[first:first + 32000]
     power = torch.stft(torch.from_numpy(signal).double(), 400, 160, 400, torch.hann_window(400, dtype=torch.float64),
                        center=True, pad_mode="reflect", return_complex=True).abs().pow(2).numpy()
     mel = np.log(reference_filters(16000, 400, 80, 0, 8000, "slaney", True) @ power + 1e-6)
@@ -282,3 +286,27 @@ def test_a_codec_libsndfile_lacks_is_a_sample_error(tmp_path):
     ffmpeg("-i", tmp_path / "a.wav", "-c:a", "aac", tmp_path / "a.m4a")  # AAC: no libsndfile decoder
     with pytest.raises(SampleError, match="a.m4a.*not an audio file libsndfile reads"):
         audio.decode((tmp_path / "a.m4a").read_bytes(), name="a.m4a")
+
+
+@pytest.mark.parametrize("rate", [44100, 22050, 8000, 16000])
+@pytest.mark.parametrize("crop", ["start", "center", "random"])
+def test_the_crop_equals_the_whole_file_resampled_then_cropped(tmp_path, rate, crop):
+    """Only the crop's part is decoded and resampled: its samples must fall on the instants the whole file's
+    resampling gives (a chirp, so a shift by a fraction of a sample shows), away from the file's own edges."""
+    t = np.arange(int(rate * 3.3)) / rate
+    write_wav(tmp_path / "a.wav", (0.5 * np.sin(2 * np.pi * (200 * t + 400 * t * t)))[:, None], rate)
+    data = (tmp_path / "a.wav").read_bytes()
+    whole = audio.resample(audio.decode(data)[0][:, 0].copy(), rate, 16000)
+    length = int(rate * 3.3) * 16000 // rate
+    s = spec(seconds=1, crop=crop)
+    for index in range(3):
+        got = audio.crop(data, s, seed=4, index=index)
+        assert len(got) == 16000
+        # Where the crop starts: the one offset whose whole-file samples equal these.
+        starts = [c for c in range(length - 16000 + 1) if abs(whole[c + 8000] - got[8000]) < 1e-3
+                  and np.abs(whole[c:c + 16000][2000:-2000] - got[2000:-2000]).max() < 1e-3]
+        assert len(starts) == 1, starts[:5]
+        if crop == "start":
+            assert starts == [0]
+        if crop == "center":
+            assert starts == [(length - 16000) // 2]

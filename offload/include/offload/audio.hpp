@@ -63,6 +63,17 @@ struct Audio {
   std::size_t frames() const { return channels == 0 ? 0 : samples.size() / static_cast<std::size_t>(channels); }
 };
 
+// What a file's header says, for reading only the part a crop needs.
+struct AudioHeader {
+  int sample_rate = 0;
+  int channels = 0;
+  std::int64_t frames = -1;  // -1: not known exactly (MP3's is an estimate; a streamed FLAC has none)
+};
+AudioHeader read_audio_header(std::span<const std::uint8_t> bytes, std::string_view name);
+// Frames [first, last) of the file (last clipped to its end).
+Audio decode_audio_frames(std::span<const std::uint8_t> bytes, std::string_view name, std::int64_t first,
+                          std::int64_t last);
+
 // Any format libsndfile reads (WAV, FLAC, Ogg Vorbis/Opus, MP3), from memory;
 // only [span.start, span.end) seconds when a span is given. Throws
 // SampleError naming `name` for an unreadable, unsupported or empty file.
@@ -74,6 +85,11 @@ std::vector<float> resample(std::span<const float> mono, int from_rate, int to_r
 // The crop's first sample: 0, the centre, or uniform from `rng`; 0 when the
 // signal is no longer than the crop.
 std::size_t crop_start(std::size_t length, std::size_t crop, AudioCrop how, SampleRng& rng);
+
+// The mono signal at the spec's rate that a sample's features are made of:
+// resampled, then cropped (at most crop_samples()).
+std::vector<float> audio_crop(std::span<const std::uint8_t> bytes, const AudioSpec& spec, const SampleKey& key,
+                              TimeSpan span, std::string_view name = "");
 
 // n_mels x (n_fft / 2 + 1) triangular filters over the STFT's bins.
 std::vector<float> mel_filter_bank(const AudioSpec& spec);

@@ -1,7 +1,10 @@
 // The "audio" batch maker: decode, downmix, resample, crop, log-mel,
 // SpecAugment, then each sample padded with zeros to the spec's most frames,
 // its real length beside it.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 #include <cstring>
 
 #include "offload/audio.hpp"
@@ -22,16 +25,56 @@ struct Timed {
   std::size_t frames = 0;
 };
 
+// The crop's samples. When the header gives the exact length, only the part
+// the crop needs is decoded and resampled, with a margin on each side for
+// the resampler's filter; the margin is a whole number of resampling periods
+// (from / gcd source samples = to / gcd output samples), so output samples
+// fall on the same instants as when the whole file is resampled. Otherwise
+// (MP3, a streamed FLAC) the whole span is.
+}  // namespace
+
+std::vector<float> audio_crop(std::span<const std::uint8_t> bytes, const AudioSpec& spec, const SampleKey& key,
+                              TimeSpan span, std::string_view name) {
+  SampleRng rng(key, kCropStream);
+  const auto crop = static_cast<std::size_t>(spec.crop_samples());
+  const AudioHeader h = read_audio_header(bytes, name);
+  if (h.frames < 0) {
+    const Audio audio = decode_audio(bytes, name, span);
+    std::vector<float> signal = resample(downmix(audio), audio.sample_rate, spec.sample_rate);
+    const std::size_t first = crop_start(signal.size(), crop, spec.crop, rng);
+    signal.erase(signal.begin(), signal.begin() + static_cast<std::ptrdiff_t>(first));
+    signal.resize(std::min(crop, signal.size()));
+    return signal;
+  }
+  const std::int64_t from = h.sample_rate, to = spec.sample_rate;
+  const std::int64_t a = span.start > 0 ? static_cast<std::int64_t>(std::floor(span.start * from)) : 0;
+  const std::int64_t b = span.end >= 0 ? std::min(h.frames, static_cast<std::int64_t>(std::ceil(span.end * from))) : h.frames;
+  if (b <= a) throw SampleError(std::string(name), span.start > 0 || span.end >= 0 ? "no audio in its time span" : "no audio samples");
+  const std::int64_t g = std::gcd(from, to), step_in = from / g, step_out = to / g;
+  const auto length = static_cast<std::size_t>((b - a) * to / from);  // output samples the span resamples to
+  const auto start = static_cast<std::int64_t>(crop_start(length, crop, spec.crop, rng));
+  constexpr std::int64_t kMarginOut = 512;  // output samples: beyond soxr HQ's filter
+  const std::int64_t margin = (kMarginOut + step_out - 1) / step_out;  // in periods
+  const std::int64_t first_period = std::max<std::int64_t>(0, start / step_out - margin);
+  const std::int64_t last_period = (start + static_cast<std::int64_t>(crop) + step_out - 1) / step_out + margin;
+  const std::int64_t first = a + first_period * step_in;
+  const std::int64_t last = std::min(b, a + last_period * step_in);
+  const Audio audio = decode_audio_frames(bytes, name, first, last);
+  std::vector<float> signal = resample(downmix(audio), audio.sample_rate, spec.sample_rate);
+  const auto skip = static_cast<std::size_t>(std::min<std::int64_t>(start - first_period * step_out,
+                                                                    static_cast<std::int64_t>(signal.size())));
+  signal.erase(signal.begin(), signal.begin() + static_cast<std::ptrdiff_t>(skip));
+  signal.resize(std::min({crop, signal.size(), length - static_cast<std::size_t>(start)}));
+  return signal;
+}
+
+namespace {
+
 Timed features_of(std::span<const std::uint8_t> bytes, const AudioSpec& spec, std::span<const float> filters,
                   const SampleKey& key, TimeSpan span, std::string_view name, StageTimes& times) {
   const auto start = Clock::now();
-  const Audio audio = decode_audio(bytes, name, span);
-  std::vector<float> signal = resample(downmix(audio), audio.sample_rate, spec.sample_rate);
+  const std::vector<float> cropped = audio_crop(bytes, spec, key, span, name);
   const auto decoded = Clock::now();
-  SampleRng crop_rng(key, kCropStream);
-  const auto crop = static_cast<std::size_t>(spec.crop_samples());
-  const std::size_t first = crop_start(signal.size(), crop, spec.crop, crop_rng);
-  const std::span<const float> cropped(signal.data() + first, std::min(crop, signal.size() - first));
   Timed out;
   const std::vector<float> power = power_spectrogram(cropped, spec, out.frames);
   out.features = log_mel(power, out.frames, filters, spec);

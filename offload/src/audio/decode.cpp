@@ -60,53 +60,93 @@ sf_count_t mem_tell(void* user) { return static_cast<Memory*>(user)->at; }
 
 }  // namespace
 
-Audio decode_audio(std::span<const std::uint8_t> bytes, std::string_view name, TimeSpan span) {
-  const std::string who(name);
-  if (bytes.empty()) throw SampleError(who, "empty file (0 bytes)");
-  Memory memory{bytes};
-  SF_VIRTUAL_IO io{mem_length, mem_seek, mem_read, mem_write, mem_tell};
-  SF_INFO info{};
-  SNDFILE* file = sf_open_virtual(&io, SFM_READ, &info, &memory);
-  if (file == nullptr) throw SampleError(who, fmt::format("not an audio file libsndfile reads: {}", sf_strerror(nullptr)));
-  struct Closer {
-    SNDFILE* f;
-    ~Closer() { sf_close(f); }
-  } closer{file};
-  if (info.channels <= 0 || info.samplerate <= 0) throw SampleError(who, "no channels or no sample rate in its header");
+namespace {
 
-  // info.frames is exact for every format but MP3 (an estimate) and is 0
-  // when a stream does not say (FLAC written to a pipe): read to the end then.
-  const bool exact = info.frames > 0 && (info.format & SF_FORMAT_SUBMASK) != SF_FORMAT_MPEG_LAYER_III;
-  sf_count_t first = 0;
-  sf_count_t last = std::numeric_limits<sf_count_t>::max();
-  if (span.start > 0) first = static_cast<sf_count_t>(std::floor(span.start * info.samplerate));
-  if (span.end >= 0) last = static_cast<sf_count_t>(std::ceil(span.end * info.samplerate));
-  if (exact) last = std::min(last, info.frames);
-  if (first > 0 && sf_seek(file, first, SEEK_SET) < 0) {
-    throw SampleError(who, fmt::format("cannot seek to {} s: {}", span.start, sf_strerror(file)));
+// A file opened from memory; closed with the object.
+class SoundFile {
+ public:
+  SoundFile(std::span<const std::uint8_t> bytes, std::string_view name) : who_(name), memory_{bytes} {
+    if (bytes.empty()) throw SampleError(who_, "empty file (0 bytes)");
+    file_ = sf_open_virtual(&io_, SFM_READ, &info_, &memory_);
+    if (file_ == nullptr) throw SampleError(who_, fmt::format("not an audio file libsndfile reads: {}", sf_strerror(nullptr)));
+    if (info_.channels <= 0 || info_.samplerate <= 0) {
+      sf_close(file_);
+      throw SampleError(who_, "no channels or no sample rate in its header");
+    }
   }
-  Audio audio;
-  audio.sample_rate = info.samplerate;
-  audio.channels = info.channels;
-  const auto channels = static_cast<std::size_t>(info.channels);
-  constexpr sf_count_t kChunk = 1 << 16;
-  sf_count_t got = 0;
-  while (got < last - first) {
-    const sf_count_t want = std::min(kChunk, last - first - got);
-    audio.samples.resize(static_cast<std::size_t>(got + want) * channels);
-    const sf_count_t n = sf_readf_float(file, audio.samples.data() + static_cast<std::size_t>(got) * channels, want);
-    if (sf_error(file) != SF_ERR_NO_ERROR) throw SampleError(who, fmt::format("decoding failed: {}", sf_strerror(file)));
-    got += std::max<sf_count_t>(n, 0);
-    if (n < want) break;
+  ~SoundFile() { sf_close(file_); }
+  SoundFile(const SoundFile&) = delete;
+  SoundFile& operator=(const SoundFile&) = delete;
+
+  AudioHeader header() const {
+    // info.frames is exact for every format but MP3 (an estimate) and is 0
+    // when a stream does not say (FLAC written to a pipe).
+    const bool exact = info_.frames > 0 && (info_.format & SF_FORMAT_SUBMASK) != SF_FORMAT_MPEG_LAYER_III;
+    return {info_.samplerate, info_.channels, exact ? info_.frames : -1};
   }
-  audio.samples.resize(static_cast<std::size_t>(got) * channels);
-  if ((info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_WAV && wav_data_cut(bytes)) {
-    throw SampleError(who, "truncated: its data chunk is longer than the file");
+
+  // Frames [first, last), last clipped to the end of the file.
+  Audio read(sf_count_t first, sf_count_t last) {
+    const AudioHeader h = header();
+    if (h.frames >= 0) last = std::min<sf_count_t>(last, h.frames);
+    if (first > 0 && sf_seek(file_, first, SEEK_SET) < 0) {
+      throw SampleError(who_, fmt::format("cannot seek to frame {}: {}", first, sf_strerror(file_)));
+    }
+    Audio audio;
+    audio.sample_rate = info_.samplerate;
+    audio.channels = info_.channels;
+    const auto channels = static_cast<std::size_t>(info_.channels);
+    constexpr sf_count_t kChunk = 1 << 16;
+    sf_count_t got = 0;
+    while (got < last - first) {
+      const sf_count_t want = std::min(kChunk, last - first - got);
+      audio.samples.resize(static_cast<std::size_t>(got + want) * channels);
+      const sf_count_t n = sf_readf_float(file_, audio.samples.data() + static_cast<std::size_t>(got) * channels, want);
+      if (sf_error(file_) != SF_ERR_NO_ERROR) throw SampleError(who_, fmt::format("decoding failed: {}", sf_strerror(file_)));
+      got += std::max<sf_count_t>(n, 0);
+      if (n < want) break;
+    }
+    audio.samples.resize(static_cast<std::size_t>(got) * channels);
+    if ((info_.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_WAV && wav_data_cut(memory_.bytes)) {
+      throw SampleError(who_, "truncated: its data chunk is longer than the file");
+    }
+    if (h.frames >= 0 && first + got < last) {
+      throw SampleError(who_, fmt::format("truncated: its header promises {} frames, only {} decode", h.frames, first + got));
+    }
+    return audio;
   }
-  if (exact && first + got < last) {
-    throw SampleError(who, fmt::format("truncated: its header promises {} frames, only {} decode", info.frames, first + got));
+
+ private:
+  std::string who_;
+  Memory memory_;
+  SF_VIRTUAL_IO io_{mem_length, mem_seek, mem_read, mem_write, mem_tell};
+  SF_INFO info_{};
+  SNDFILE* file_ = nullptr;
+};
+
+}  // namespace
+
+AudioHeader read_audio_header(std::span<const std::uint8_t> bytes, std::string_view name) {
+  return SoundFile(bytes, name).header();
+}
+
+Audio decode_audio_frames(std::span<const std::uint8_t> bytes, std::string_view name, std::int64_t first,
+                          std::int64_t last) {
+  Audio audio = SoundFile(bytes, name).read(first, last);
+  if (audio.samples.empty()) throw SampleError(std::string(name), first > 0 ? "no audio in its time span" : "no audio samples");
+  return audio;
+}
+
+Audio decode_audio(std::span<const std::uint8_t> bytes, std::string_view name, TimeSpan span) {
+  SoundFile file(bytes, name);
+  const int rate = file.header().sample_rate;
+  const sf_count_t first = span.start > 0 ? static_cast<sf_count_t>(std::floor(span.start * rate)) : 0;
+  const sf_count_t last = span.end >= 0 ? static_cast<sf_count_t>(std::ceil(span.end * rate))
+                                        : std::numeric_limits<sf_count_t>::max();
+  Audio audio = file.read(first, last);
+  if (audio.samples.empty()) {
+    throw SampleError(std::string(name), span.start > 0 || span.end >= 0 ? "no audio in its time span" : "no audio samples");
   }
-  if (got == 0) throw SampleError(who, span.start > 0 || span.end >= 0 ? "no audio in its time span" : "no audio samples");
   return audio;
 }
 

@@ -131,13 +131,22 @@ std::vector<float> log_mel(std::span<const float> power, std::size_t frames, std
   if (power.size() != frames * bins || filters.size() != mels * bins) {
     throw_error(Errc::kInvalidArgument, "log_mel: power or filters do not match the spec's n_fft and n_mels");
   }
+  // Each triangle covers a few bins: only those are summed.
+  std::vector<std::pair<std::size_t, std::size_t>> support(mels, {0, 0});
+  for (std::size_t m = 0; m < mels; ++m) {
+    const float* f = filters.data() + m * bins;
+    std::size_t lo = 0, hi = bins;
+    while (lo < bins && f[lo] == 0.0f) ++lo;
+    while (hi > lo && f[hi - 1] == 0.0f) --hi;
+    support[m] = {lo, hi};
+  }
   std::vector<float> out(mels * frames);
   for (std::size_t t = 0; t < frames; ++t) {
     const float* p = power.data() + t * bins;
     for (std::size_t m = 0; m < mels; ++m) {
       const float* f = filters.data() + m * bins;
       float sum = 0;
-      for (std::size_t b = 0; b < bins; ++b) sum += f[b] * p[b];
+      for (std::size_t b = support[m].first; b < support[m].second; ++b) sum += f[b] * p[b];
       out[m * frames + t] = spec.log ? static_cast<float>(std::log(static_cast<double>(sum) + spec.log_offset)) : sum;
     }
   }

@@ -65,8 +65,11 @@ class RgbConverter {
 // start of the file.
 class FrameReader {
  public:
-  FrameReader(std::span<const std::uint8_t> bytes, const FrameIndex& index, std::string_view name)
-      : bytes_(bytes), index_(index), name_(name) {
+  // `wanted_pts`: ascending; frames with other timestamps that no frame
+  // references are not decoded.
+  FrameReader(std::span<const std::uint8_t> bytes, const FrameIndex& index, std::vector<std::int64_t> wanted_pts,
+              std::string_view name)
+      : bytes_(bytes), index_(index), wanted_pts_(std::move(wanted_pts)), name_(name) {
     open();
   }
 
@@ -96,6 +99,14 @@ class FrameReader {
       if (rc == AVERROR_EOF) return false;
       if (rc != AVERROR(EAGAIN)) input_->fail(fmt::format("decoding failed: {}", detail::av_error(rc)));
       if (input_->read_video_packet(packet_.get())) {
+        // A frame no wanted frame is and no other frame references needs no
+        // decoding (B-frames mostly, before and between wanted frames). Left
+        // alone where frames are counted, as a skipped frame has no output.
+        if (!index_.decode_order && packet_->pts != AV_NOPTS_VALUE) {
+          codec_->skip_frame =
+              std::binary_search(wanted_pts_.begin(), wanted_pts_.end(), packet_->pts) ? AVDISCARD_DEFAULT
+                                                                                       : AVDISCARD_NONREF;
+        }
         const int sent = avcodec_send_packet(codec_.get(), packet_.get());
         av_packet_unref(packet_.get());
         if (sent < 0 && sent != AVERROR(EAGAIN)) {
@@ -132,6 +143,7 @@ class FrameReader {
 
   std::span<const std::uint8_t> bytes_;
   const FrameIndex& index_;
+  std::vector<std::int64_t> wanted_pts_;
   std::string_view name_;
   std::unique_ptr<AvInput> input_;
   detail::CodecPtr codec_;
@@ -164,7 +176,9 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
     throw_error(Errc::kInvalidArgument,
                 fmt::format("decode_frames: {}: wanted frames must ascend and be below {}", name, index.frames()));
   }
-  FrameReader reader(container, index, name);
+  std::vector<std::int64_t> wanted_pts;
+  for (const std::size_t w : wanted) wanted_pts.push_back(index.pts[w]);  // ascending, as wanted is
+  FrameReader reader(container, index, std::move(wanted_pts), name);
   RgbConverter converter;
   Image rgb;
   std::size_t k = 0;

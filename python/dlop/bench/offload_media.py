@@ -26,8 +26,11 @@ padded to their longest, with lengths. Rows: ``native`` as above;
 matrix, in a DataLoader with k workers and a padding collate.
 
 Figures as in ``python -m dlop.bench.offload``: samples/s, CPU-seconds per
-sample of every process doing the work, the trainer's own CPU per sample,
-peak RSS; medians over ``--reps`` passes after a warm-up batch each. Video
+sample of every process doing the work, peak RSS; but the trainer's CPU per
+sample is what the trainer's host pays: the trainer process and its
+DataLoader workers for the tools, the trainer process alone with offloaders
+(which run on other machines); ``trainer_process_cpu_s_per_sample`` is the
+trainer process alone for both; medians over ``--reps`` passes after a warm-up batch each. Video
 runs also check that native frames, decoded at full size, are the frames
 torchcodec's exact mode returns (the ``cross_check`` entry of the JSON
 header).
@@ -362,6 +365,9 @@ def run_dataloader(args, dataset, collate_fn, batches: int, unit: str) -> dict:
     row = _offload.timed_passes(lambda: iter(loader), args.batch, batches, args.reps,
                                 lambda: _offload.descendants(os.getpid()), desc=args.current, unit=unit)
     row["peak_rss_mib"] = max([_offload.proc_peak_mib(p) for p in _offload.descendants(os.getpid())] or [0.0])
+    # A DataLoader's workers run on the trainer's host, so the host pays their CPU as well as the trainer's.
+    row["trainer_process_cpu_s_per_sample"] = row["trainer_cpu_s_per_sample"]
+    row["trainer_cpu_s_per_sample"] = row["cpu_s_per_sample"]
     del loader  # persistent workers end here
     return row
 
@@ -384,6 +390,8 @@ def run_native(args, data: str, spec: dict, batches: int, unit: str) -> dict:
 
         row = _offload.timed_passes(one_epoch, args.batch, batches, args.reps, pool.pids, desc="native", unit=unit)
         row["peak_rss_mib"] = sum(_offload.proc_peak_mib(p) for p in pool.pids())
+        # The offloaders run on other machines: the trainer's host pays the trainer process alone.
+        row["trainer_process_cpu_s_per_sample"] = row["trainer_cpu_s_per_sample"]
         row["offloaders"] = 1
         return row
     finally:
@@ -513,8 +521,10 @@ def main(argv=None) -> int:
               f"n_fft {N_FFT} hop {HOP}, {N_MELS} Slaney mels, log, normalise, SpecAugment; padded with lengths")
     print(f"# k = {args.workers}; {batches} timed batches per pass after 1 warm-up batch, median of {args.reps} "
           "passes")
-    print("# cpu s/sample: trainer + its DataLoader workers, or trainer + offloader; trainer s/sample: the trainer "
-          "process alone; per core: samples per CPU-second")
+    print("# cpu s/sample: trainer + its DataLoader workers, or trainer + offloader; trainer s/sample: what the "
+          "trainer's host pays: the trainer and its DataLoader workers, or the trainer alone with offloaders (they run "
+          "on other machines; the JSON's trainer_process_cpu_s_per_sample is the trainer process alone); per core: "
+          "samples per CPU-second")
     if _common.cpu_count() < args.workers + 1:
         print(f"# WARNING: {_common.cpu_count()} cores for the trainer and {args.workers} workers: they share cores")
     if video:

@@ -1,5 +1,6 @@
 """python -m dlop.bench.train end to end on a tiny run (tiny model, few steps, this host): every config's row,
-the JSON and the markdown agreeing, the step's parts adding up, a real PNG, and a bad --link refused."""
+the JSON and the markdown agreeing, the step's parts adding up, a real PNG, and a bad --link refused; the same
+for --kind video on built-in clips made for the test."""
 
 from __future__ import annotations
 
@@ -71,6 +72,40 @@ def test_bench_train_tiny_run(tmp_path, capsys):
     assert _png_size(report / "train.png") == train_report.PNG_SIZE
 
 
+def test_bench_train_tiny_video_run(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("av")
+    import shutil
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("the built-in clips are made with the ffmpeg command-line tool")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the built-in clips, made here
+    out = tmp_path / "rows.json"
+    assert train.main(["--kind", "video", "--clips", "20", "--ranks", "2", "--batch", "2", "--frames", "4",
+                       "--size", "24", "--short-side", "28,32", "--hidden", "8", "--stem-stride", "2", "--steps", "2",
+                       "--warmup", "1", "--idle-reps", "2", "--configs", "stock,dlop_offload",
+                       "--offloader", _offloader(), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "clips of 4 frames at stride 2" in printed and "3D CNN" in printed
+    assert (tmp_path / "cache/dlop/bench-train-video-10x2/class9/clip1.mp4").is_file()
+
+    saved = json.loads(out.read_text())
+    header, rows = saved["header"], saved["rows"]
+    assert header["benchmark"] == "train_video" and header["kind"] == "video"
+    assert header["clip"] == {"frames": 4, "stride": 2, "short_side": [28, 32], "crop": 24, "hflip": 0.5}
+    assert header["sample_values"] == 3 * 4 * 24 * 24
+    assert [r["config"] for r in rows] == ["stock", "dlop_offload"]
+    # a 3D stem of 16 x 3 x 3 x 7 x 7 (+ 16) and the head 1152 -> 8 -> 8 -> 10, in float32
+    params = 16 * 3 * 3 * 7 * 7 + 16 + 1152 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10
+    for r in rows:
+        for key in train_report.COLUMNS:
+            assert key in r and math.isfinite(r[key]) and r[key] >= 0, (key, r)
+        for key in POSITIVE:
+            assert r[key] > 0, (key, r)
+        assert r["gradient_mib"] == pytest.approx(4 * params / 2**20)
+        assert r["compute_ms"] + r["exposed_comm_ms"] + r["data_stall_ms"] == pytest.approx(r["step_ms"], rel=1e-6)
+    assert any(line.startswith("dlop_offload / stock samples/s") for line in saved["header"]["ratios"])
+
+
 @pytest.mark.parametrize("link, why", [("fast", "not a tc rate"), ("1gbit,soon", "not a tc delay"),
                                        ("1gbit", "give --hosts too")])
 def test_bench_train_refuses_a_bad_link(link, why, capsys):
@@ -94,6 +129,8 @@ def test_bench_train_refuses_a_delay_without_netem(capsys):
 
 
 @pytest.mark.parametrize("argv, why", [(["--configs", "stock,fast"], "unknown config(s) fast"),
+                                       (["--kind", "video", "--short-side", "64"], "give MIN,MAX"),
+                                       (["--kind", "video", "--size", "72"], "need --size 72 <= MIN <= MAX"),
                                        (["--hosts", "1"], "leaves no trainer host"),
                                        (["--steps", "0"], "must be at least 1")])
 def test_bench_train_refuses_bad_arguments(argv, why, capsys):

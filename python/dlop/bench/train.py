@@ -2,9 +2,21 @@
 
     python -m dlop.bench.train --json train.json --report DIR             # all ranks on this host
     python -m dlop.bench.train --hosts 3 --link 1gbit --report DIR        # 2 trainer hosts + 1 offloader host
+    python -m dlop.bench.train --kind video --hosts 3 --link 1gbit --report DIR   # clips and a 3D CNN
 
 DDP trains a small CNN on the built-in ImageNet-like image folder (``dlop
 make-dataset``; JPEG decode, RandomResizedCrop, horizontal flip, normalise).
+With ``--kind video`` it trains a small 3D CNN (a Conv3d stem, pooling and
+the same wide head) on a built-in folder of H.264 clips (160 x 120, 30 fps,
+2 s, two B-frames; even clips a keyframe every 16 frames, odd clips one per
+clip; made once with ffmpeg); per sample ``--frames`` frames at
+``--frame-stride`` from a random start, the short side resized to a random
+size in ``--short-side``, a random ``--size`` square crop and a flip drawn
+once per clip, normalised with Kinetics' mean and std. The local rows read
+clips with PyAV in a torch Dataset (offload_media's reader: seek to the
+keyframe before the clip, decode forward, resize with
+``F.interpolate(antialias=True)``), the offload rows get them from the
+native pipeline (a ``"kind": "video"`` spec, one view).
 Rows, same run, same seed, same model and batches:
 
 * ``stock``: DDP over Gloo, torch's DataLoader (k workers) on each trainer;
@@ -23,14 +35,16 @@ trainer hosts and the offloader hosts get disjoint cores of this machine
 offloader host has core 1), as separate machines would; ``--host-cpus all``
 lets every host use every core.
 
-The built-in dataset is made large enough (``--images 0``) that every step of
-a run lies in one epoch: an epoch's first batches are leased only when it
+The built-in dataset is made large enough (``--images 0``, ``--clips 0``)
+that every step of a run lies in one epoch: an epoch's first batches are leased only when it
 starts, so a boundary inside the timed steps would be measured every run where
 a real epoch has thousands of steps.
 
 Offloaded batches travel as uint8 (``--wire uint8``, the default; 4x less than
 float32) and are normalised on the trainer; ``--wire float32`` normalises in
 the daemon. The local DataLoader rows always normalise in their workers.
+Offloaded clips arrive as N x 1 x C x T x H x W (one view); the view axis
+is dropped on the trainer.
 
 Definitions, per rank and timed step (a step = ``next(loader)`` + forward +
 backward + optimiser step; a DDP comm hook timestamps each bucket's all-reduce when DDP hands the
@@ -117,16 +131,24 @@ def parse_args(argv=None):
     p.add_argument("--offloader-hosts", type=int, default=1, help="hosts of their own for the daemons (--hosts)")
     p.add_argument("--host-cpus", choices=("split", "all"), default="split",
                    help="--hosts: trainer and offloader hosts on disjoint cores (split) or all on every core")
-    p.add_argument("--data", help="an image folder; default: the built-in dataset, made once")
+    p.add_argument("--kind", choices=("image", "video"), default="image",
+                   help="images and a 2D CNN, or clips and a 3D CNN")
+    p.add_argument("--data", help="an image or clip folder (root/class/file); default: the built-in one, made once")
     p.add_argument("--images", type=int, default=0,
                    help="images of the built-in dataset (10 classes); 0: enough that every step of a run lies in "
                         "one epoch (an epoch's first batches are leased only when it starts)")
-    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output size")
-    p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
+    p.add_argument("--clips", type=int, default=0, help="--kind video: clips of the built-in dataset, as --images")
+    p.add_argument("--size", type=int, help="RandomResizedCrop's output size (224), or the clips' crop (56)")
+    p.add_argument("--frames", type=int, default=8, help="--kind video: frames per clip")
+    p.add_argument("--frame-stride", type=int, default=2, help="--kind video: frames between a clip's frames")
+    p.add_argument("--short-side", default="64,80",
+                   help="--kind video: MIN,MAX of the random size the short side is resized to")
+    p.add_argument("--batch", type=int, help="samples per rank and step (images 16, clips 8)")
     p.add_argument("--hidden", type=int, default=384,
                    help="the model's hidden width (its gradient grows with it; 384: 4 MiB, 33 ms at 1gbit)")
-    p.add_argument("--stem-stride", type=int, default=4,
-                   help="the conv stem's stride: the model's compute per step (4: about 1.5x 8's), same gradient")
+    p.add_argument("--stem-stride", type=int,
+                   help="the conv stem's (spatial) stride: the model's compute per step, same gradient (images 4: "
+                        "about 1.5x 8's; clips 1: about 4x 2's)")
     p.add_argument("-k", "--workers", type=int, default=1, help="DataLoader workers per rank = threads per daemon")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -144,6 +166,18 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--report", help="write train.md and train.png here (created)")
     args = p.parse_args(argv)
+    video = args.kind == "video"
+    args.size = args.size or (56 if video else 224)
+    args.batch = args.batch or (8 if video else 16)
+    args.stem_stride = args.stem_stride or (1 if video else 4)
+    try:
+        low, high = (int(v) for v in args.short_side.split(","))
+    except ValueError:
+        p.error(f"--short-side {args.short_side!r}: give MIN,MAX, e.g. 64,80")
+    if not args.size <= low <= high:
+        p.error(f"--short-side {args.short_side}: need --size {args.size} <= MIN <= MAX")
+    args.clip = {"frames": args.frames, "stride": args.frame_stride, "short_side": [low, high], "crop": args.size,
+                 "hflip": 0.5} if video else None
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
         p.error(f"unknown config(s) {', '.join(unknown) if args.configs else '(none)'}: choose from "
@@ -159,9 +193,9 @@ def parse_args(argv=None):
     if not 0 < args.data_share <= 1:
         p.error(f"--data-share {args.data_share}: give a share of the link in (0, 1]")
     if min(args.ranks, args.batch, args.steps, args.hidden, args.stem_stride, args.workers, args.runs,
-           args.idle_reps, args.offloader_hosts) < 1:
-        p.error("--ranks, --batch, --steps, --hidden, --stem-stride, --workers, --runs, --idle-reps and "
-                "--offloader-hosts must be at least 1")
+           args.idle_reps, args.offloader_hosts, args.frames, args.frame_stride) < 1:
+        p.error("--ranks, --batch, --steps, --hidden, --stem-stride, --workers, --runs, --idle-reps, "
+                "--offloader-hosts, --frames and --frame-stride must be at least 1")
     return args
 
 
@@ -289,7 +323,8 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
             token_file.chmod(0o600)
             daemons, addresses = start_daemons(cluster, args.offloader_exe, args.workers, str(token_file), env,
                                                log)
-        spec = {"config": config, "data": data, "size": args.size, "batch": args.batch, "hidden": args.hidden,
+        spec = {"config": config, "kind": args.kind, "clip": args.clip, "data": data, "size": args.size,
+                "batch": args.batch, "hidden": args.hidden,
                 "stem_stride": args.stem_stride, "workers": args.workers, "steps": args.steps,
                 "warmup": args.warmup, "idle_reps": args.idle_reps,
                 "wire": args.wire, "bucket_cap_mb": args.bucket_cap_mb, "threads": args.threads,
@@ -381,8 +416,16 @@ def main(argv=None) -> int:
     from dlop.bench.offload import builtin_dataset
 
     cluster = Cluster(args)  # refuses hosts or a link this machine cannot make, before anything runs
-    data = args.data or builtin_dataset(args.images or images_for_one_epoch(args, cluster.world))
-    header = _common.run_header(benchmark="train", hosts=args.hosts, link=args.link, placement=cluster.describe(),
+    video = args.kind == "video"
+    if args.data:
+        data = args.data
+    elif video:
+        data = builtin_clips(args.clips or images_for_one_epoch(args, cluster.world, least=40))
+    else:
+        data = builtin_dataset(args.images or images_for_one_epoch(args, cluster.world))
+    kind = {"kind": "video", "clip": args.clip, "sample_values": 3 * args.frames * args.size ** 2} if video else {}
+    header = _common.run_header(benchmark="train_video" if video else "train", **kind, hosts=args.hosts,
+                                link=args.link, placement=cluster.describe(),
                                 host_cpus=args.host_cpus if args.hosts else None,
                                 ranks=cluster.world, batch_per_rank=args.batch, size=args.size, hidden=args.hidden,
                                 stem_stride=args.stem_stride,
@@ -394,7 +437,9 @@ def main(argv=None) -> int:
                                 data_rate_mbps=os.environ.get("DLOP_DATA_RATE_MBPS") or data_rate_mbps(args))
     print(f"# {header['command']}")
     print(_common.header_comment(header))
-    print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {args.size}px, model hidden "
+    sample = (f"clips of {args.frames} frames at stride {args.frame_stride}, short side {args.short_side}, crop "
+              f"{args.size}, flip 0.5, 3D CNN" if video else f"{args.size}px")
+    print(f"# {cluster.describe()}; {header['ranks']} ranks x batch {args.batch}, {sample}, model hidden "
           f"{args.hidden}, stem stride {args.stem_stride}; {args.warmup} untimed + {args.steps} timed steps; "
           f"k = {args.workers}")
     print(f"# offloaded batches travel as {args.wire}" +
@@ -441,12 +486,52 @@ def main(argv=None) -> int:
     return 0
 
 
-def images_for_one_epoch(args, world: int) -> int:
-    """Built-in images so that a rank's warm-up and timed steps, and the loaders' look-ahead past them, stay in
-    its first epoch (at least 640, a multiple of the dataset's 10 classes)."""
+def images_for_one_epoch(args, world: int, least: int = 640) -> int:
+    """Built-in samples so that a rank's warm-up and timed steps, and the loaders' look-ahead past them, stay in
+    its first epoch (at least `least`, a multiple of the dataset's 10 classes)."""
     ahead = 6  # OffloadLoader leases 4 past the next batch; DataLoader prefetches 2 per worker
     needed = world * args.batch * (args.warmup + args.steps + ahead)
-    return max(640, -(-needed // 10) * 10)
+    return max(least, -(-needed // 10) * 10)
+
+
+CLIP_SIZE, CLIP_FPS, CLIP_FRAMES = (160, 120), 30, 60
+
+
+def builtin_clips(clips: int) -> str:
+    """The video set of --kind video, made once in the cache: 10 classes of H.264 mp4 clips, each a moving test
+    source (offload_media's four, by class) panned by a moving crop and tinted by class. Short and small
+    clips, so that a run's worth (hundreds) is made in a minute or two; even clips have a keyframe every 16
+    frames, odd ones one per clip (the decoder then starts at the clip's first frame)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dlop.bench.offload_media import _VIDEO_SOURCES, _cache, _ffmpeg, _made_once
+
+    per_class = max(1, -(-clips // 10))
+    w, h = CLIP_SIZE
+
+    def one(root: Path, cls: int, i: int) -> None:
+        rng = random.Random(f"train-video/{cls}/{i}")
+        kind = _VIDEO_SOURCES[cls % len(_VIDEO_SOURCES)]
+        size = f"{2 * w}x{2 * h}"
+        source = (f"mandelbrot=size={size}:rate={CLIP_FPS}:maxiter=32" if kind == "mandelbrot" else
+                  f"life=size={size}:rate={CLIP_FPS}:seed={cls * 100000 + i}:ratio=0.4:mold=8" if kind == "life"
+                  else f"{kind}=size={size}:rate={CLIP_FPS}")
+        vx, vy = rng.uniform(10, 60), rng.uniform(10, 40)
+        pan = f"crop={w}:{h}:x='mod(t*{vx:.1f}+{rng.randrange(w)},iw-ow)':y='mod(t*{vy:.1f},ih-oh)'"
+        _ffmpeg(["-f", "lavfi", "-i", source, "-frames:v", str(CLIP_FRAMES),
+                 "-vf", f"format=rgb24,{pan},hue=h={36 * cls + rng.uniform(0, 30):.0f}",
+                 "-c:v", "libx264", "-preset", "veryfast", "-bf", "2", "-g", "16" if i % 2 == 0 else "250",
+                 "-pix_fmt", "yuv420p", "-an", "-threads", "1", str(root / f"class{cls}" / f"clip{i}.mp4")])
+
+    def make(root: Path) -> None:
+        for cls in range(10):
+            (root / f"class{cls}").mkdir(parents=True)
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for done in [pool.submit(one, root, cls, i) for cls in range(10) for i in range(per_class)]:
+                done.result()
+
+    return _made_once(_cache(f"bench-train-video-10x{per_class}"), make)
 
 
 def _rate_bytes(rate: str | None) -> float | None:

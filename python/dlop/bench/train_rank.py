@@ -1,7 +1,7 @@
 """One trainer rank of dlop.bench.train (``python -m dlop.bench.train_rank SPEC``, spawned by the driver).
 
-SPEC is the JSON the driver writes: the config, the data, the model's size
-and the steps. The rank trains, trains on with its last batch resident (no
+SPEC is the JSON the driver writes: the config, the kind of data (images or
+clips), the data, the model's size and the steps. The rank trains, trains on with its last batch resident (no
 data moving), replays its all-reduces alone, and writes its
 measurements to rank<R>.json beside SPEC's "out"; what each one means is in
 dlop.bench.train's docstring.
@@ -17,6 +17,7 @@ from pathlib import Path
 from dlop.bench import _common
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+VIDEO_MEAN, VIDEO_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)  # Kinetics', as PyTorchVideo normalises
 
 
 # --- the model and the data (used by the ranks) -------------------------
@@ -32,6 +33,17 @@ def make_model(hidden: int, stem_stride: int = 4, classes: int = 10):
                          nn.ReLU(), nn.Linear(hidden, classes))
 
 
+def make_video_model(hidden: int, stem_stride: int = 1, classes: int = 10):
+    """The video counterpart of make_model: a Conv3d stem over (T, H, W), pooled to 2 x 6 x 6, and the same
+    wide head, so the gradient is mostly the head's; the stem's spatial stride sets the compute."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv3d(3, 16, kernel_size=(3, 7, 7), stride=(1, stem_stride, stem_stride),
+                                   padding=(1, 3, 3)), nn.ReLU(), nn.AdaptiveAvgPool3d((2, 6, 6)),
+                         nn.Flatten(), nn.Linear(16 * 2 * 6 * 6, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, classes))
+
+
 def native_spec(size: int, wire: str) -> dict:
     ops = [{"op": "random_resized_crop", "size": size}, {"op": "hflip", "p": 0.5}]
     if wire == "float32":
@@ -39,17 +51,79 @@ def native_spec(size: int, wire: str) -> dict:
     return {"ops": ops, "output": wire}
 
 
+def native_video_spec(clip: dict, wire: str) -> dict:
+    """`clip` (frames, stride, short_side, crop, hflip) as a video spec; one view, N x 1 x C x T x H x W."""
+    spec = {"kind": "video", "frames": clip["frames"], "stride": clip["stride"], "views": 1, "start": "random",
+            "short_side": list(clip["short_side"]), "crop": clip["crop"], "hflip": clip["hflip"], "layout": "CTHW",
+            "output": wire}
+    if wire == "float32":
+        spec["normalize"] = {"mean": list(VIDEO_MEAN), "std": list(VIDEO_STD)}
+    return spec
+
+
+class VideoClips:
+    """What users run in a DataLoader today: offload_media's PyAV reader (seek to the keyframe before the
+    clip, decode forward, keep frames by pts) with the run's clip parameters, then the same spatial ops as the
+    native spec (short side to a random size, random crop, flip, drawn once per clip) and normalisation;
+    C x T x H x W float32."""
+
+    def __init__(self, root: str, clip: dict) -> None:
+        from dlop.bench.offload_media import PyAVClips, class_folder
+
+        self.reader, self.clip = PyAVClips(class_folder(root)), clip
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, i):
+        import random
+
+        import av
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        frames, stride, crop = self.clip["frames"], self.clip["stride"], self.clip["crop"]
+        path, label = self.reader.files[i]
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1
+            rate, base, first = stream.average_rate, stream.time_base, stream.start_time or 0
+            count = stream.frames or int(stream.duration * base * rate)
+            start = random.randint(0, max(0, count - ((frames - 1) * stride + 1)))
+            wanted = [min(start + t * stride, count - 1) for t in range(frames)]
+            got = self.reader._decode(container, stream, wanted, rate, base, first)
+            if len(got) < len(set(wanted)):
+                got = self.reader._decode(container, stream, wanted, rate, base, first, from_start=True)
+            video = torch.from_numpy(np.stack([got[k] for k in wanted])).permute(0, 3, 1, 2)  # T x C x H x W
+        short = random.randint(*self.clip["short_side"])
+        h, w = video.shape[-2:]
+        size = (short, round(w * short / h)) if h <= w else (round(h * short / w), short)
+        video = F.interpolate(video, size=size, mode="bilinear", antialias=True, align_corners=False)
+        top, left = random.randint(0, size[0] - crop), random.randint(0, size[1] - crop)
+        video = video[..., top:top + crop, left:left + crop]
+        if random.random() < self.clip["hflip"]:
+            video = video.flip(-1)
+        mean = torch.tensor([255 * m for m in VIDEO_MEAN]).view(1, 3, 1, 1)
+        std = torch.tensor([255 * s for s in VIDEO_STD]).view(1, 3, 1, 1)
+        return ((video.float() - mean) / std).permute(1, 0, 2, 3).contiguous(), label
+
+
 class Batches:
-    """Endless (images, labels) for this rank: epochs in turn, float32 normalised images whatever the wire."""
+    """Endless (inputs, labels) for this rank: epochs in turn, float32 normalised images (N x C x H x W) or
+    clips (N x C x T x H x W) whatever the wire."""
 
     def __init__(self, spec: dict, rank: int, world: int) -> None:
         import torch
 
         self.spec, self.epoch = spec, 0
+        video = spec.get("kind") == "video"
         if spec["config"].startswith("dlop_offload"):
             from dlop.data import OffloadLoader
 
-            self.loader = OffloadLoader(spec["data"], native_spec(spec["size"], spec["wire"]), spec["batch"],
+            transform = (native_video_spec(spec["clip"], spec["wire"]) if video else
+                         native_spec(spec["size"], spec["wire"]))
+            self.loader = OffloadLoader(spec["data"], transform, spec["batch"],
                                         shuffle=True, seed=0, drop_last=True, offloaders=spec["offloaders"],
                                         token=spec["token"])
             if not self.loader.offloaded:
@@ -61,13 +135,15 @@ class Batches:
             from dlop.bench.offload import torchvision_transform
             from dlop._torchvision_compat import import_torchvision
 
-            dataset = import_torchvision().datasets.ImageFolder(spec["data"],
-                                                                transform=torchvision_transform(spec["size"]))
+            dataset = (VideoClips(spec["data"], spec["clip"]) if video else
+                       import_torchvision().datasets.ImageFolder(spec["data"],
+                                                                 transform=torchvision_transform(spec["size"])))
             self.sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
             self.loader = DataLoader(dataset, batch_size=spec["batch"], sampler=self.sampler, drop_last=True,
                                      num_workers=spec["workers"], persistent_workers=True, prefetch_factor=2)
-        self.scale = torch.tensor([255 * s for s in STD]).view(1, 3, 1, 1)
-        self.shift = torch.tensor([255 * m for m in MEAN]).view(1, 3, 1, 1)
+        shape = (1, 3, 1, 1, 1) if video else (1, 3, 1, 1)
+        self.scale = torch.tensor([255 * s for s in (VIDEO_STD if video else STD)]).view(shape)
+        self.shift = torch.tensor([255 * m for m in (VIDEO_MEAN if video else MEAN)]).view(shape)
         self.it = self._epoch_iter()
 
     def _epoch_iter(self):
@@ -85,7 +161,10 @@ class Batches:
 
     def to_input(self, images):
         """uint8 CHW -> normalised float32 on the trainer (compute); float32 batches are copied once, as the
-        offloader's buffer is reused at the next batch."""
+        offloader's buffer is reused at the next batch. Offloaded clips come as N x views x C x T x H x W with
+        one view."""
+        if images.dim() == 6:
+            images = images.squeeze(1)
         if images.dtype == self.scale.dtype:
             return images.clone() if self.spec["config"].startswith("dlop_offload") else images
         return (images.float() - self.shift) / self.scale
@@ -142,7 +221,8 @@ def run_rank(spec: dict) -> None:
     dist.init_process_group(backend="gloo" if spec["config"] == "stock" else "dlop")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(make_model(spec["hidden"], spec["stem_stride"]), bucket_cap_mb=spec["bucket_cap_mb"])
+    build = make_video_model if spec.get("kind") == "video" else make_model
+    model = DDP(build(spec["hidden"], spec["stem_stride"]), bucket_cap_mb=spec["bucket_cap_mb"])
     timer = BucketTimer()
     model.register_comm_hook(None, timer.hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -61,7 +61,7 @@ def ratio_lines(runs: list[list[dict]]) -> list[str]:
 def traffic_lines(header: dict, rows: list[dict]) -> list[str]:
     """What one step moves, and how long the shaped link needs for it (is the link the bound?)."""
     pixel_bytes = 1 if header["wire"] == "uint8" else 4
-    batch = header["batch_per_rank"] * 3 * header["size"] ** 2 * pixel_bytes
+    batch = header["batch_per_rank"] * header.get("sample_values", 3 * header["size"] ** 2) * pixel_bytes
     gradient = rows[0]["gradient_mib"] * 2**20
     lines = [f"per step and rank: {gradient / 2**20:.1f} MiB of gradient all-reduced in {rows[0]['buckets']} "
              f"bucket(s); an offloaded batch is {batch / 2**20:.2f} MiB ({header['wire']})"]
@@ -76,10 +76,19 @@ def traffic_lines(header: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
+def sample(header: dict) -> str:
+    clip = header.get("clip")
+    if not clip:
+        return f"at {header['size']} px"
+    low, high = clip["short_side"]
+    return (f"of clips ({clip['frames']} frames at stride {clip['stride']}, short side {low}-{high}, crop "
+            f"{clip['crop']}, 3D CNN)")
+
+
 def markdown(header: dict, rows: list[dict], runs: list[list[dict]]) -> str:
     out = [f"# DDP training step: {header.get('placement', '')}", "", "```", header.get("command", ""), "```", "",
            _common.header_comment(header).lstrip("# ") + ".", "",
-           f"{header['ranks']} ranks x batch {header['batch_per_rank']} at {header['size']} px, model hidden "
+           f"{header['ranks']} ranks x batch {header['batch_per_rank']} {sample(header)}, model hidden "
            f"{header['hidden']}, {header['warmup']} untimed + {header['steps']} timed steps, k = {header['workers']}, "
            f"offloaded batches as {header['wire']}, median of {header['runs']} run(s). Definitions: the docstring of "
            "`python/dlop/bench/train.py`.", "",

@@ -47,9 +47,8 @@ def truth(backend: str, net: sm.Link) -> sm.Terms:
 
 def layout(hosts: int, per_host: int) -> sm.Layout:
     """All ranks on this machine's cores, beside BACKGROUND cores' worth of other processes."""
-    threads = sm.background_threads(CORES, hosts * per_host, BACKGROUND)
-    return sm.Layout(hosts, per_host, sm.fair_share(CORES, hosts * per_host, threads),
-                     sm.fair_share(CORES, 1, threads))
+    return sm.Layout(hosts, per_host, sm.fair_share(CORES, hosts * per_host, BACKGROUND),
+                     sm.fair_share(CORES, 1, BACKGROUND))
 
 
 def synthetic(scale: float = 1.0) -> dict:
@@ -167,10 +166,7 @@ def test_scaling_model_formulas():
     exposed = sm.allreduce_seconds("ring", 1e3, one_host, intra, net)
     assert sm.step_seconds(t, "ring", one_host, BUCKET) == pytest.approx(0.24 + exposed)
     assert sm.step_seconds(t, "ring", sm.Layout(1, 4, 4.0), BUCKET) == pytest.approx(0.1 + exposed)
-    # Other processes kept 4/3 of 2 cores busy beside one busy rank: two runnable threads, 2/3 of a core each.
-    assert sm.background_threads(2, 1, 4 / 3) == pytest.approx(2.0)
-    assert sm.background_threads(16, 2, 1.0) == 1.0  # enough cores: each runnable thread has one
-    assert sm.fair_share(2, 1, 2.0) == pytest.approx(2 / 3)
+    assert sm.fair_share(2, 1, 2.0) == pytest.approx(2 / 3)  # 1 rank beside 2 other runnable threads on 2 cores
     # A baseline that had 2/3 of a core took 1.5x its quiet time; linearity is measured against it.
     slow_alone = sm.Layout(1, 4, 4.0, alone_cores=2 / 3)
     assert sm.linearity(t, "ring", slow_alone, BUCKET) == pytest.approx(0.15 / (0.1 + exposed))
@@ -244,13 +240,15 @@ def test_cluster_assumptions_move_the_predictions(tmp_path):
     lr.write(report, str(tmp_path / "a"))
     assert linearity.main(["--from-json", str(tmp_path / "a" / "linearity.json"), "--out", str(tmp_path / "b"),
                            "--link-gbps", "1,400", "--latency-us", "50", "--ranks-per-host", "4", "--predict", "64",
-                           "--step-ms", "20"]) == 0
+                           "--step-ms", "20", "--intra-gbps", "800"]) == 0
     again = json.loads((tmp_path / "b" / "linearity.json").read_text())
     assert again["checks"] == json.loads((tmp_path / "a" / "linearity.json").read_text())["checks"]
     cells = {(p["compute"], p["algorithm"], p["link_gbps"]): p["linearity"]["64"] for p in again["predicted"]}
     assert cells[("cpu", "ring", 1.0)] < cells[("cpu", "ring", 400.0)]
     assert cells[("gpu", "ring", 1.0)] < cells[("cpu", "ring", 1.0)]  # a faster step leaves less to hide behind
-    assert "4 ranks per host" in (tmp_path / "b" / "linearity.md").read_text()
+    text = (tmp_path / "b" / "linearity.md").read_text()
+    assert "4 ranks per host" in text and "intra-host link 800 Gbit/s" in text
+    assert again["settings"]["intra_gbps"] == 800.0
 
 
 @pytest.mark.parametrize("args, words", [(["--layouts", "1x2"], "at least 2 hosts"), (["--models", "nope"], "nope"),

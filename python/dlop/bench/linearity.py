@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks-per-host", type=int, default=8, help="predictions: ranks per host")
     p.add_argument("--cores-per-rank", type=float, default=2.0,
                    help="predictions: cores each rank has (its compute threads and the backend's)")
+    p.add_argument("--intra-gbps", type=float,
+                   help="predictions: the intra-host link (default: dlop's, as calibrated on this host)")
     p.add_argument("--step-ms", type=float, help="predictions: also a GPU column, this GPU step time of the model")
     p.add_argument("--predict", default="16,32,64,128,256,512,1024", help="predictions: rank counts")
     p.add_argument("--from-json", help="no runs: report again from this linearity.json's measurements")
@@ -75,8 +77,8 @@ def parse_args(argv=None):
         args.layouts = [_layout(x) for x in args.layouts.split(",") if x.strip()]
         args.predict = _positive_list(args.predict)
         args.link_gbps = _positive_list(args.link_gbps, float)
-        _positive_list(f"{args.runs},{args.threads},{args.ranks_per_host},{args.cores_per_rank},{args.step_ms or 1}",
-                       float)
+        _positive_list(f"{args.runs},{args.threads},{args.ranks_per_host},{args.cores_per_rank},{args.step_ms or 1},"
+                       f"{args.intra_gbps or 1}", float)
     except ValueError as e:
         p.error(str(e))
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
         measurements = measure(args)
     settings = linearity_report.Settings(
         link_gbps=args.link_gbps, latency_us=args.latency_us, ranks_per_host=args.ranks_per_host,
-        cores_per_rank=args.cores_per_rank, predict=args.predict, step_ms=args.step_ms,
+        cores_per_rank=args.cores_per_rank, predict=args.predict, step_ms=args.step_ms, intra_gbps=args.intra_gbps,
         bucket_bytes=header.get("bucket_cap_mb", args.bucket_cap_mb) * 2**20)
     report = linearity_report.build(header, measurements, settings)
     written = linearity_report.write(report, args.out)

@@ -16,6 +16,7 @@ from dlop.bench import _common
 from dlop.bench import scaling_model as sm
 
 TARGET_LINEARITY = 0.05  # the largest |predicted - measured| linearity the model is meant to reach
+QUIET_BELOW = 1.0  # a run beside fewer cores of other work than this counts as quiet
 BACKENDS = ("dlop", "gloo")
 
 
@@ -30,6 +31,7 @@ class Settings:
     predict: list[int]
     bucket_bytes: float
     step_ms: float | None = None
+    intra_gbps: float | None = None  # None: dlop's intra-host link as calibrated
 
 
 def read_measured(path: str) -> tuple[dict, dict]:
@@ -174,7 +176,7 @@ def winners(allreduce: list[dict]) -> list[dict]:
 
 def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
     """DDP's linearity per model, backend, rate and layout (and the 2-rank run on this host, which calibrated the
-    backend's CPU: in sample) against the model's."""
+    backend's CPU: in sample) against the model's. Each run is predicted with the background load it met."""
     cal = m["calibration"]
     cells: dict[tuple, list[tuple[float, float]]] = {}  # (linearity, background cores) per run
     for r in m["ddp"]:
@@ -186,28 +188,36 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
                                                     c["ddp"][model]["background_cores"]["2"]) for c in cal]
     out = []
     for (model, backend, rate, hosts, per_host), runs_of in sorted(cells.items(), key=lambda kv: str(kv[0])):
-        values = [v for v, _ in runs_of]
-        background = _common.median([b for _, b in runs_of])
-        # Every rank of the run shares this machine's cores with the other processes' runnable threads.
-        threads = sm.background_threads(cores, hosts * per_host, background)
-        layout = sm.Layout(hosts, per_host, sm.fair_share(cores, hosts * per_host, threads),
-                           sm.fair_share(cores, 1, threads))
         algorithm = dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
         gradient = cal[0]["ddp"][model]["gradient_bytes"]
         runs = term_runs(cal, model, backend, rate)
-        local = sm.Link(1.0, 0.0)  # one host: no network edge (allreduce_seconds never reads it)
+        local = sm.Link(1.0, 0.0) if rate is None else None  # one host: no network edge (never read)
+        per_run = []
+        for _, background in runs_of:
+            layout = shared_machine(cores, hosts, per_host, background)
 
-        def lin(v, layout=layout, algorithm=algorithm, gradient=gradient, local=local if rate is None else None):
-            return sm.linearity(make_terms(v, gradient, local), algorithm, layout, bucket_bytes)
+            def lin(v, layout=layout):
+                return sm.linearity(make_terms(v, gradient, local), algorithm, layout, bucket_bytes)
 
-        predicted, low, high = with_band(runs, lin)
-        measured = _common.median(values)
+            per_run.append(with_band(runs, lin))
+        measured = _common.median([v for v, _ in runs_of])
+        predicted = _common.median([p for p, _, _ in per_run])
         out.append({"model": model, "backend": backend, "rate": rate, "hosts": hosts, "per_host": per_host,
-                    "algorithm": algorithm, "measured": measured, "measured_runs": values, "predicted": predicted,
-                    "band": [low, high], "error": predicted - measured,
-                    "within_target": abs(predicted - measured) <= TARGET_LINEARITY, "in_sample": rate is None,
-                    "background_cores": background, "cores_per_rank": layout.cores_per_rank})
+                    "algorithm": algorithm, "measured": measured, "measured_runs": [v for v, _ in runs_of],
+                    "predicted": predicted, "predicted_runs": [p for p, _, _ in per_run],
+                    "band": [_common.median([lo for _, lo, _ in per_run]), _common.median([hi for _, _, hi in per_run])],
+                    "error": predicted - measured, "within_target": abs(predicted - measured) <= TARGET_LINEARITY,
+                    "in_sample": rate is None, "background_cores": [b for _, b in runs_of],
+                    "cores_per_rank": _common.median([shared_machine(cores, hosts, per_host, b).cores_per_rank
+                                                      for _, b in runs_of])})
     return out
+
+
+def shared_machine(cores: int, hosts: int, per_host: int, background: float) -> sm.Layout:
+    """Namespace hosts on this machine: every rank, and the other processes that kept `background` cores busy
+    (counted as that many runnable threads), share its cores fairly; the 1-rank baseline shared them too."""
+    return sm.Layout(hosts, per_host, sm.fair_share(cores, hosts * per_host, background),
+                     sm.fair_share(cores, 1, background))
 
 
 def predictions(m: dict, s: Settings) -> list[dict]:
@@ -218,6 +228,8 @@ def predictions(m: dict, s: Settings) -> list[dict]:
     for model in sorted(cal[0]["ddp"]):
         gradient = cal[0]["ddp"][model]["gradient_bytes"]
         runs = term_runs(cal, model, "dlop", None)
+        if s.intra_gbps:
+            runs["intra_gbps"] = [s.intra_gbps]
         computes = [("cpu", {})]
         if s.step_ms:
             # A GPU computes; the host's CPU only runs the backend (its measured CPU per step).
@@ -247,11 +259,15 @@ def build(header: dict, measurements: dict, s: Settings) -> dict:
     ddp = ddp_checks(measurements, cores, s.bucket_bytes)
     out_of_sample = [c for c in ddp if not c["in_sample"]]
     won = winners(allreduce)
+    quiet = [(p, m) for c in out_of_sample
+             for p, m, b in zip(c["predicted_runs"], c["measured_runs"], c["background_cores"]) if b < QUIET_BELOW]
     return {"header": header, "measurements": measurements, "settings": asdict(s),
             "calibration": calibration_table(measurements),
             "checks": {"allreduce": allreduce, "winners": won, "ddp": ddp},
             "targets": {"linearity_within": TARGET_LINEARITY,
                         "ddp_points": len(out_of_sample), "ddp_within": sum(c["within_target"] for c in out_of_sample),
+                        "quiet_below_cores": QUIET_BELOW, "quiet_runs": len(quiet),
+                        "quiet_runs_within": sum(abs(p - m) <= TARGET_LINEARITY for p, m in quiet),
                         "winner_points": len(won), "winners_agree": sum(w["agree"] for w in won)},
             "predicted": predictions(measurements, s)}
 

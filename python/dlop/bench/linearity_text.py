@@ -47,14 +47,18 @@ def _checks(report: dict) -> list[str]:
     out = ["## Predicted against measured (out of sample)", "",
            f"Target: |predicted - measured| linearity within {t['linearity_within']}, and the same winner between "
            f"ring and hierarchical as measured. Met at **{t['ddp_within']} of {t['ddp_points']}** DDP points and "
-           f"**{t['winners_agree']} of {t['winner_points']}** ring/hierarchical points. Bands: the prediction with "
-           "each calibrated term moved through its measured spread.", "", "### DDP linearity", ""]
+           f"**{t['winners_agree']} of {t['winner_points']}** ring/hierarchical points. Taken run by run, "
+           f"**{t['quiet_runs_within']} of {t['quiet_runs']}** runs beside less than {t['quiet_below_cores']:g} core "
+           "of other work are within the target (the last column). Bands: the prediction with each calibrated term "
+           "moved through its measured spread.", "", "### DDP linearity", ""]
     rows = [[d["model"], d["backend"], d["algorithm"], d["rate"] or "this host", _layout(d),
              f"{d['cores_per_rank']:.2f}", f"{d['measured']:.3f}", f"{d['predicted']:.3f}",
              f"{d['band'][0]:.3f} - {d['band'][1]:.3f}", f"{d['error']:+.3f}",
-             "in sample" if d["in_sample"] else ("yes" if d["within_target"] else "**no**")] for d in c["ddp"]]
+             "in sample" if d["in_sample"] else ("yes" if d["within_target"] else "**no**"),
+             "; ".join(f"{b:.2f}: {m:.3f} / {p:.3f}" for b, m, p in
+                       zip(d["background_cores"], d["measured_runs"], d["predicted_runs"]))] for d in c["ddp"]]
     out += _table(["model", "backend", "algorithm", "link", "layout", "cores/rank", "measured", "predicted", "band",
-                   "error", "within 0.05"], rows, 5)
+                   "error", "within 0.05", "each run: other work (cores): measured / predicted"], rows, 5)
     out += ["", "### All-reduce time", ""]
     rows = [[a["rate"], _layout(a), a["column"], _common.format_size(a["bytes"]), f"{a['measured_ms']:.2f}",
              f"{a['predicted_ms']:.2f}", f"{a['band_ms'][0]:.2f} - {a['band_ms'][1]:.2f}", f"{100 * a['error']:+.1f}"]
@@ -74,8 +78,10 @@ def _predictions(report: dict) -> list[str]:
     out = ["## Predictions beyond this machine (assumed, not measured)", "",
            f"Assumed: {s['ranks_per_host']} ranks per host, {s['cores_per_rank']:g} cores per rank, network links of "
            f"{', '.join(f'{g:g}' for g in s['link_gbps'])} Gbit/s with {s['latency_us']:g} us latency "
-           "(`--ranks-per-host`, `--cores-per-rank`, `--link-gbps`, `--latency-us`); everything else as calibrated "
-           "for dlop on this host. cpu: this host's compute per step. "
+           "(`--ranks-per-host`, `--cores-per-rank`, `--link-gbps`, `--latency-us`); intra-host link "
+           + (f"{s['intra_gbps']:g} Gbit/s (`--intra-gbps`)" if s.get("intra_gbps") else
+              "as calibrated for dlop on this host (`--intra-gbps` to set a host's own)")
+           + "; everything else as calibrated for dlop on this host. cpu: this host's compute per step. "
            + (f"gpu: a {s['step_ms']:g} ms GPU step (`--step-ms`), no compute on the host's CPU and no DDP overhead, "
               "the backend's CPU per step as measured here, staging copies hidden behind the network. "
               if s.get("step_ms") else "No GPU column: give a GPU's step time with `--step-ms`. ")

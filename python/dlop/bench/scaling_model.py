@@ -152,16 +152,9 @@ def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> 
 
 
 def fair_share(cores: float, ranks: int, background: float) -> float:
-    """A rank's cores when `ranks` busy ranks and `background` runnable threads of other processes share `cores`."""
+    """A rank's cores when `ranks` busy ranks and `background` runnable threads of other processes share `cores`
+    (a rank alone on spare cores may run its backend's threads beside its compute)."""
     return cores / (ranks + background)
-
-
-def background_threads(cores: float, ranks: int, busy_cores: float) -> float:
-    """The runnable threads of other processes that kept `busy_cores` busy beside `ranks` busy ranks: each
-    runnable thread gets a core while there are enough, else a fair share of them."""
-    if ranks + busy_cores <= cores:
-        return busy_cores
-    return busy_cores * ranks / max(cores - busy_cores, 0.05 * cores)
 
 
 def fit_link(points: list[tuple[float, float, float]]) -> Link:

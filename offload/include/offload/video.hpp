@@ -61,14 +61,16 @@ FrameIndex scan_frame_index(std::span<const std::uint8_t> container, std::string
 // between it and the frames decoded so far is reached by a new seek. When the
 // container's seek lands after a wanted frame, the rest is decoded in one pass
 // from the start. Frames are converted to RGB24 as ffmpeg's scale filter does
-// with -sws_flags bicubic+bitexact+accurate_rnd (the frame's own colour matrix
-// and range). One decoder thread. Throws SampleError naming `name` for
+// (the frame's own colour matrix and range): with -sws_flags
+// bicubic+bitexact+accurate_rnd when `exact_rgb` (the same on every CPU), else
+// with its default flags, the faster path that ffmpeg, torchcodec and PyAV
+// take by default (SIMD code chosen by the CPU). One decoder thread. Throws SampleError naming `name` for
 // anything wrong with the file (a wanted frame never decoded included), and
 // dlop::Error(kInvalidArgument) when `wanted` does not ascend or is past the
 // index's end.
 void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& index,
                    std::span<const std::size_t> wanted, std::string_view name,
-                   const std::function<void(std::size_t k, const Image& rgb)>& sink);
+                   const std::function<void(std::size_t k, const Image& rgb)>& sink, bool exact_rgb = true);
 
 // The "video" spec ("kind" may be left in; it must then be "video"):
 //   frames        T, frames per clip (16; 1 .. 4096)
@@ -98,6 +100,8 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
 //   short_clip    a span with fewer than (frames - 1) * stride + 1 frames:
 //                 "pad" (positions past its end repeat its last frame) or
 //                 "error" (a SampleError) ("pad")
+//   rgb           "exact" (the same pixels on every CPU) or "fast" (swscale's
+//                 default path, as ffmpeg, torchcodec and PyAV convert) ("exact")
 // The span is the sample's Source::time_span in seconds from its first
 // frame. Each view draws its start, jitter, short side, crop place and flip
 // from streams of its own keyed by {seed, epoch, index}; spatial draws apply

@@ -225,7 +225,7 @@ class ClipPipeline final : public BatchMaker {
       const double collate = since(augmented);
       s.times.collate += collate;
       in_sink += std::chrono::duration<double>(Clock::now() - begin).count();
-    });
+    }, spec_.rgb == detail::RgbConversion::kExact);
     s.times.decode += since(start) - in_sink;
   }
 

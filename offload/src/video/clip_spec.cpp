@@ -152,6 +152,7 @@ ClipSpec ClipSpec::from_json(std::string_view text) {
   f.choice("output", s.output, {{"uint8", OutputType::kUint8}, {"float32", OutputType::kFloat32}});
   f.choice("on_error", s.on_error, {{"raise", ErrorPolicy::kRaise}, {"skip", ErrorPolicy::kSkip}});
   f.choice("short_clip", s.short_clip, {{"pad", ShortClip::kPad}, {"error", ShortClip::kError}});
+  f.choice("rgb", s.rgb, {{"exact", RgbConversion::kExact}, {"fast", RgbConversion::kFast}});
   f.finish();
   if (s.short_side && std::max(s.crop[0], s.crop[1]) > (*s.short_side)[0]) {
     fail(fmt::format("\"crop\" [{}, {}] must fit in the smallest \"short_side\" {}", s.crop[0], s.crop[1],
@@ -178,7 +179,8 @@ std::string ClipSpec::to_json() const {
          {"layout", layout == ClipLayout::kCTHW ? "CTHW" : "TCHW"},
          {"output", output == OutputType::kUint8 ? "uint8" : "float32"},
          {"on_error", on_error == ErrorPolicy::kRaise ? "raise" : "skip"},
-         {"short_clip", short_clip == ShortClip::kPad ? "pad" : "error"}};
+         {"short_clip", short_clip == ShortClip::kPad ? "pad" : "error"},
+         {"rgb", rgb == RgbConversion::kExact ? "exact" : "fast"}};
   if (normalize) j["normalize"] = {{"mean", (*normalize)[0]}, {"std", (*normalize)[1]}};
   return j.dump();
 }

@@ -20,6 +20,7 @@ enum class ClipLayout { kCTHW, kTCHW };
 // A span with fewer frames than a clip covers: the clip repeats the span's
 // last frame, or the sample fails.
 enum class ShortClip { kPad, kError };
+enum class RgbConversion { kExact, kFast };
 
 struct ClipSpec {
   int frames = 16;  // T
@@ -39,6 +40,7 @@ struct ClipSpec {
   OutputType output = OutputType::kUint8;
   ErrorPolicy on_error = ErrorPolicy::kRaise;
   ShortClip short_clip = ShortClip::kPad;
+  RgbConversion rgb = RgbConversion::kExact;
 
   // The frames one clip spans: (frames - 1) * stride + 1.
   int span() const { return (frames - 1) * stride + 1; }

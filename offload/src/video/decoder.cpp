@@ -25,13 +25,14 @@ struct SwsDeleter {
   void operator()(SwsContext* s) const { sws_freeContext(s); }
 };
 
-// Frames to RGB24 as ffmpeg's scale filter converts them with
-// -sws_flags bicubic+bitexact+accurate_rnd: the frame's own matrix and range,
-// and exact C arithmetic, so results are the same on every CPU.
+// Frames to RGB24 as ffmpeg's scale filter converts them, with the frame's
+// own matrix and range: exact (-sws_flags bicubic+bitexact+accurate_rnd: C
+// arithmetic, the same on every CPU) or swscale's default (SIMD).
 class RgbConverter {
  public:
+  explicit RgbConverter(bool exact) : flags_(exact ? SWS_BICUBIC | SWS_BITEXACT | SWS_ACCURATE_RND : SWS_BICUBIC) {}
   void convert(const AVFrame& frame, Image& out, const AvInput& input) {
-    constexpr int kFlags = SWS_BICUBIC | SWS_BITEXACT | SWS_ACCURATE_RND;
+    const int kFlags = flags_;
     const auto format = static_cast<AVPixelFormat>(frame.format);
     sws_.reset(sws_getCachedContext(sws_.release(), frame.width, frame.height, format, frame.width, frame.height,
                                     AV_PIX_FMT_RGB24, kFlags, nullptr, nullptr, nullptr));
@@ -57,6 +58,7 @@ class RgbConverter {
   }
 
  private:
+  int flags_;
   std::unique_ptr<SwsContext, SwsDeleter> sws_;
   std::vector<std::uint8_t> padded_;
 };
@@ -166,7 +168,7 @@ std::optional<std::size_t> keyframe_before(const FrameIndex& index, std::size_t 
 
 void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& index,
                    std::span<const std::size_t> wanted, std::string_view name,
-                   const std::function<void(std::size_t k, const Image& rgb)>& sink) {
+                   const std::function<void(std::size_t k, const Image& rgb)>& sink, bool exact_rgb) {
   if (wanted.empty()) return;
   if (index.keyframe.size() != index.frames()) {
     throw_error(Errc::kInvalidArgument,
@@ -179,7 +181,7 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
   std::vector<std::int64_t> wanted_pts;
   for (const std::size_t w : wanted) wanted_pts.push_back(index.pts[w]);  // ascending, as wanted is
   FrameReader reader(container, index, std::move(wanted_pts), name);
-  RgbConverter converter;
+  RgbConverter converter(exact_rgb);
   Image rgb;
   std::size_t k = 0;
   // One pass from the start: seeking proved unreliable, or frames are

@@ -61,8 +61,8 @@ def synthetic(scale: float = 1.0) -> dict:
                 {"bytes": 2 * MIB, "latency_us": 1e3, "bandwidth_gbps": link.gbps / 8}]
 
     def ddp_row(backend, ranks, step_s, cpu_s, lin):
-        return {"model": "m", "backend": backend, "ranks": ranks, "step_ms": step_s * 1e3, "cpu_ms_per_step": cpu_s * 1e3,
-                "gradient_mib": GRADIENT / MIB, "linearity": lin, "background_cores": BACKGROUND}
+        return {"model": "m", "backend": backend, "ranks": ranks, "step_ms": step_s * 1e3,
+                "cpu_ms_per_step": cpu_s * 1e3, "gradient_mib": GRADIENT / MIB, "linearity": lin, "background_cores": BACKGROUND}
 
     compute = COMPUTE * scale
     one = [ddp_row("none", 1, compute, compute, 1.0)]

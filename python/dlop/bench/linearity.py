@@ -1,7 +1,8 @@
 """DDP linearity beyond this machine: a scaling model calibrated from its parts, checked on multi-host runs.
 
-    dlop report linearity --out DIR                                  # calibrate, check, predict (~25 min)
-    dlop report linearity --layouts 2x1 --rates 1gbit --runs 1 --out DIR   # a small check (~1 min)
+    dlop report linearity --out DIR                                  # calibrate, check, predict (~15 min)
+    dlop report linearity --layouts 2x1 --rates 1gbit --runs 1 --sizes 1M --batch 2 --steps 1 -r 1 --out DIR
+                                                                     # a small check (under a minute)
     dlop report linearity --from-json DIR/linearity.json --link-gbps 100 --ranks-per-host 4 --out DIR2
 
 Calibration (this host, one benchmark per term; dlop/bench/scaling_model.py):

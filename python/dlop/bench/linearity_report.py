@@ -205,7 +205,8 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
         out.append({"model": model, "backend": backend, "rate": rate, "hosts": hosts, "per_host": per_host,
                     "algorithm": algorithm, "measured": measured, "measured_runs": [v for v, _ in runs_of],
                     "predicted": predicted, "predicted_runs": [p for p, _, _ in per_run],
-                    "band": [_common.median([lo for _, lo, _ in per_run]), _common.median([hi for _, _, hi in per_run])],
+                    "band": [_common.median([low for _, low, _ in per_run]),
+                             _common.median([high for _, _, high in per_run])],
                     "error": predicted - measured, "within_target": abs(predicted - measured) <= TARGET_LINEARITY,
                     "in_sample": rate is None, "background_cores": [b for _, b in runs_of],
                     "cores_per_rank": _common.median([shared_machine(cores, hosts, per_host, b).cores_per_rank

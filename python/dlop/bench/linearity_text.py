@@ -19,7 +19,7 @@ def _table(head: list[str], rows: list[list[str]], right_from: int) -> list[str]
 
 def _header(report: dict) -> list[str]:
     h = report["header"]
-    return [f"# DDP linearity: the scaling model calibrated from its parts, checked across hosts", "",
+    return ["# DDP linearity: the scaling model calibrated from its parts, checked across hosts", "",
             f"Measured {h['date']} on {h['host']}: {h.get('cpu', 'unknown CPU')}, {h['cores']} cores; "
             f"commit {h['revision']}, torch {h['torch']}.  ",
             f"`{h['command']}`  ",

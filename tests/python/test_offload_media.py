@@ -177,3 +177,35 @@ def test_bad_files_are_skipped_by_every_daemon_alike_and_the_epoch_stays_exactly
     assert sum(len(b[0]) for b in got) == len(source) - 2
     loader.set_epoch(1)
     assert sum(len(b[0]) for b in collect(loader)) == len(source) - 2  # the daemons still serve
+
+
+@pytest.mark.parametrize("offloaded", [True, False])
+def test_a_transcript_manifest_gives_each_batch_its_transcripts(audio_set, tmp_path, daemons, offloaded):  # noqa: F811
+    """Transcripts stay on the trainer: each batch's are those of its plan's samples, in order, less skipped ones."""
+    folder = audio_set.rsplit("/", 1)[0]
+    words = ["zero one", "one, two", 'say "three"', "four", "five six seven", "", "eight"]
+    (tmp_path / "bad.wav").write_bytes(b"corrupt")
+    lines = [{"path": f"{folder}/{k}.wav", "transcript": w} for k, w in enumerate(words)]
+    lines.insert(2, {"path": str(tmp_path / "bad.wav"), "transcript": "never seen"})
+    manifest = tmp_path / "speech.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    csv_manifest = tmp_path / "speech.csv"
+    import csv
+
+    with open(csv_manifest, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["path", "transcript"])
+        out.writerows([line["path"], line["transcript"]] for line in lines)
+    spec = {**AUDIO, "on_error": "skip"}
+    for path in (manifest, csv_manifest):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            loader = OffloadLoader(str(path), spec, BATCH, seed=SEED, workers=1, token=TOKEN,
+                                   offloaders=[d.address for d in daemons] if offloaded else [])
+        assert loader.offloaded == offloaded
+        plan = offload.EpochPlan(len(lines), BATCH, SEED, True, False, 0, 1)
+        texts = [line["transcript"] for line in lines]
+        want = [[texts[i] for i in b if i != 2] for b in plan.batches(0)]
+        got = [(features.shape[0], list(transcripts), lengths.tolist()) for features, transcripts, lengths in loader]
+        assert [g[1] for g in got] == want
+        assert all(n == len(t) == len(lengths) for n, t, lengths in got)

@@ -92,9 +92,11 @@ class ImageFolder final : public FolderSource {
 // A manifest of files, one sample per line, paths relative to the manifest's
 // folder (or absolute):
 //   CSV with a header row naming its columns: path, then label (one class) or
-//     labels (several, separated by ';'), and optional start and end seconds;
-//   JSON lines (.jsonl): {"path": ..., "label": ... | "labels": [...],
-//     "start": s, "end": s}.
+//     labels (several, separated by ';') or transcript (text, read by the
+//     trainer from the manifest: a sample without labels), and optional start
+//     and end seconds;
+//   JSON lines (.jsonl): {"path": ..., "label": ... | "labels": [...] |
+//     "transcript": ..., "start": s, "end": s}.
 // Labels are class names or integers. Classes are the sorted distinct names
 // (integers: 0 .. the largest). A line with several labels makes the source
 // multi-label. Malformed lines are errors naming the line.

@@ -77,8 +77,11 @@ std::vector<RawLine> read_csv(std::istream& in, const fs::path& file) {
     if (column.empty()) {
       for (std::size_t i = 0; i < f.size(); ++i) column[f[i]] = i;
       if (!column.contains("path")) bad_line(file, number, "the header row has no \"path\" column");
-      if (column.contains("label") == column.contains("labels")) {
-        bad_line(file, number, "the header row needs one of the columns \"label\" and \"labels\"");
+      // A speech manifest may have transcripts instead of labels: the trainer
+      // reads those from the manifest itself, so they never travel.
+      if ((column.contains("label") && column.contains("labels")) ||
+          (!column.contains("label") && !column.contains("labels") && !column.contains("transcript"))) {
+        bad_line(file, number, "the header row needs one of the columns \"label\", \"labels\" and \"transcript\"");
       }
       continue;
     }
@@ -89,7 +92,7 @@ std::vector<RawLine> read_csv(std::istream& in, const fs::path& file) {
     line.path = f[column["path"]];
     if (auto it = column.find("label"); it != column.end()) {
       line.labels.push_back(f[it->second]);
-    } else {
+    } else if (column.contains("labels")) {
       std::string_view rest = f[column["labels"]];
       while (!rest.empty()) {
         const std::size_t semi = rest.find(';');
@@ -132,10 +135,13 @@ std::vector<RawLine> read_jsonl(std::istream& in, const fs::path& file) {
     }
     RawLine line;
     line.path = j["path"].get<std::string>();
-    if (j.contains("label") == j.contains("labels")) bad_line(file, number, "needs one of \"label\" and \"labels\"");
+    if ((j.contains("label") && j.contains("labels")) ||
+        (!j.contains("label") && !j.contains("labels") && !j.contains("transcript"))) {
+      bad_line(file, number, "needs one of \"label\", \"labels\" and \"transcript\"");
+    }
     if (j.contains("label")) {
       line.labels.push_back(label_text(j["label"], file, number));
-    } else {
+    } else if (j.contains("labels")) {
       if (!j["labels"].is_array()) bad_line(file, number, "\"labels\" is not a list");
       for (const auto& v : j["labels"]) line.labels.push_back(label_text(v, file, number));
     }
@@ -194,7 +200,8 @@ Manifest::Manifest(const fs::path& path) {
     Entry e;
     e.path = fs::path(l.path).is_absolute() ? l.path : (base / l.path).string();
     for (const std::string& s : l.labels) e.labels.push_back(class_of.at(s));
-    multi_label_ = multi_label_ || e.labels.size() != 1;
+    // Without any labels (transcripts only) each sample's label is -1.
+    multi_label_ = multi_label_ || (!classes_.empty() && e.labels.size() != 1);
     e.span = l.span;
     entries_.push_back(std::move(e));
   }

@@ -71,12 +71,35 @@ def _worker_batch(indices: list[int], seed: int, epoch: int):
     samples, labels, lengths, skipped = _worker_state["maker"].run_batch(
         _worker_state["source"], indices, seed=seed, epoch=epoch
     )
-    return samples, labels, lengths
+    return samples, labels, lengths, [index for index, _ in skipped]
 
 
-def _native_batch(samples, labels, lengths) -> tuple:
+def manifest_transcripts(path: str) -> list[str] | None:
+    """The transcript of each line of a CSV or JSONL manifest, or None when it has none. They stay on the
+    trainer: batches carry indices, and the loader pairs them with these."""
+    import csv
+
+    if path.endswith(".csv"):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "transcript" not in rows[0]:
+            return None
+        return [row["transcript"] for row in rows]
+    if path.endswith(".jsonl"):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not any("transcript" in line for line in lines):
+            return None
+        return [line.get("transcript", "") for line in lines]
+    return None
+
+
+def _native_batch(samples, labels, lengths, transcripts=None) -> tuple:
     """(samples, labels), or with lengths (audio) (samples, labels, lengths),
-    the samples' last axis cut to the batch's longest."""
+    the samples' last axis cut to the batch's longest; with transcripts, they
+    take the labels' place."""
+    if transcripts is not None:
+        labels = transcripts
     if lengths is None:
         return samples, labels
     longest = int(lengths.max()) if len(lengths) else 0
@@ -106,7 +129,9 @@ class OffloadLoader:
     N x C x H x W, clips N x views x C x T x H x W (or T before C), audio
     N x mels x frames padded to the batch's longest, yielded as
     ``(features, labels, lengths)``. A multi-label source gives N x classes
-    multi-hot labels. Generic Python path:
+    multi-hot labels; a manifest with a ``transcript`` column gives each
+    batch's transcripts (a list of str, read here from the manifest) in the
+    labels' place. Generic Python path:
     ``dataset`` (any picklable map-style Dataset) and ``collate_fn`` (None:
     torch's default_collate) run in the daemons' Python workers, and each
     iteration yields what collate_fn returns. Random transforms in the
@@ -163,6 +188,7 @@ class OffloadLoader:
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
             self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
             self._dataset_size = None
+        self._transcripts = manifest_transcripts(self.source) if self.source else None
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -279,15 +305,24 @@ class OffloadLoader:
                     return
                 if got is None:
                     return
-                position, samples, labels, held, _skipped, lengths = got
+                position, samples, labels, held, skipped, lengths = got
                 self._position = position + 1
                 if labels is None:  # the Python path: samples is the batch blob
                     yield _python_job.decode_batch(samples)
                 else:
-                    yield _native_batch(samples, labels, lengths)
+                    yield _native_batch(samples, labels, lengths, self._batch_transcripts(position, skipped))
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
+
+    def _batch_transcripts(self, position: int, skipped) -> list[str] | None:
+        """The transcripts of the batch at `position` of this epoch's plan, less its skipped samples."""
+        if self._transcripts is None:
+            return None
+        if getattr(self, "_planned", (None,))[0] != self._epoch:
+            self._planned = (self._epoch, self._plan().batches(self._epoch))
+        left_out = set(skipped)
+        return [self._transcripts[i] for i in self._planned[1][position] if i not in left_out]
 
     def _iter_local(self, start: int):
         import concurrent.futures as cf
@@ -318,4 +353,6 @@ class OffloadLoader:
                 if self.dataset is not None:
                     yield _python_job.decode_batch(bytearray(got))
                 else:
-                    yield _native_batch(*(None if a is None else torch.from_numpy(a) for a in got))
+                    samples, labels, lengths, skipped = got
+                    yield _native_batch(*(None if a is None else torch.from_numpy(a) for a in (samples, labels, lengths)),
+                                        self._batch_transcripts(start + k, skipped))

@@ -222,6 +222,8 @@ class OffloadClient {
   // arrived piece waits for credit: when to look again (the pacer's word;
   // no UCX event will come for it).
   std::optional<std::chrono::microseconds> post_granted();
+  // Tells the pacer of the lease's pieces that landed since it last did.
+  void report_moved(Lease& lease, std::chrono::steady_clock::time_point now);
   // Posts a deferred lease's next piece without asking (cancel, or granted).
   void post_deferred_now(Lease& lease);
   // Cancels the lease's posted receives from piece `from` on.

@@ -458,6 +458,21 @@ void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes)
   deferred_.push_back(&lease);
 }
 
+void OffloadClient::report_moved(Lease& lease, Clock::time_point now) {
+  // Pieces land in order: each landed one tells the pacer how fast data move.
+  for (auto& k = lease.reported; k < lease.recvs.size() && lease.recvs[k].done(); ++k) {
+    if (failure_of(lease.recvs[k])) continue;
+    const auto size = lease.pieces.size(k);
+    options_.pacer->moved(size, std::chrono::duration_cast<std::chrono::microseconds>(now - lease.posted_at[k]));
+    if (trace::enabled()) {
+      trace::span("moved " + std::to_string(lease.batch), "data", lease.posted_at[k], now,
+                  {{"batch", static_cast<std::int64_t>(lease.batch)},
+                   {"piece", static_cast<std::int64_t>(k)},
+                   {"bytes", static_cast<std::int64_t>(size)}});
+    }
+  }
+}
+
 std::optional<std::chrono::microseconds> OffloadClient::post_granted() {
   if (deferred_.empty() || deferred_failure_) return std::nullopt;
   std::sort(deferred_.begin(), deferred_.end(), [](const Lease* a, const Lease* b) { return a->batch < b->batch; });
@@ -469,18 +484,7 @@ std::optional<std::chrono::microseconds> OffloadClient::post_granted() {
   for (Lease* lease : deferred_) {
     moving += static_cast<std::size_t>(std::count_if(lease->recvs.begin(), lease->recvs.end(),
                                                      [](const transport::Request& r) { return !r.done(); }));
-    // Pieces land in order: each landed one tells the pacer how fast data move.
-    for (auto& k = lease->reported; k < lease->recvs.size() && lease->recvs[k].done(); ++k) {
-      if (failure_of(lease->recvs[k])) continue;
-      const auto size = lease->pieces.size(k);
-      options_.pacer->moved(size, std::chrono::duration_cast<std::chrono::microseconds>(now - lease->posted_at[k]));
-      if (trace::enabled()) {
-        trace::span("moved " + std::to_string(lease->batch), "data", lease->posted_at[k], now,
-                    {{"batch", static_cast<std::int64_t>(lease->batch)},
-                     {"piece", static_cast<std::int64_t>(k)},
-                     {"bytes", static_cast<std::int64_t>(size)}});
-      }
-    }
+    report_moved(*lease, now);
   }
   std::optional<std::chrono::microseconds> holding;
   for (Lease* lease : deferred_) {
@@ -634,7 +638,9 @@ void OffloadClient::collect() {
       c.error = std::move(e.message);
     }
     ready_.push_back(std::move(c));
-    std::erase(deferred_, &lease);
+    // A paced lease can complete before a progress pass reported its last
+    // pieces: report them now, or the pacer would never learn of them.
+    if (std::erase(deferred_, &lease) > 0) report_moved(lease, Clock::now());
     it = leases_.erase(it);
   }
 }

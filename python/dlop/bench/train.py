@@ -170,14 +170,16 @@ def parse_args(argv=None):
     args.size = args.size or (56 if video else 224)
     args.batch = args.batch or (8 if video else 16)
     args.stem_stride = args.stem_stride or (1 if video else 4)
-    try:
-        low, high = (int(v) for v in args.short_side.split(","))
-    except ValueError:
-        p.error(f"--short-side {args.short_side!r}: give MIN,MAX, e.g. 64,80")
-    if not args.size <= low <= high:
-        p.error(f"--short-side {args.short_side}: need --size {args.size} <= MIN <= MAX")
-    args.clip = {"frames": args.frames, "stride": args.frame_stride, "short_side": [low, high], "crop": args.size,
-                 "hflip": 0.5} if video else None
+    args.clip = None
+    if video:
+        try:
+            low, high = (int(v) for v in args.short_side.split(","))
+        except ValueError:
+            p.error(f"--short-side {args.short_side!r}: give MIN,MAX, e.g. 64,80")
+        if not args.size <= low <= high:
+            p.error(f"--short-side {args.short_side}: need --size {args.size} <= MIN <= MAX")
+        args.clip = {"frames": args.frames, "stride": args.frame_stride, "short_side": [low, high],
+                     "crop": args.size, "hflip": 0.5}
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not args.configs or (unknown := [c for c in args.configs if c not in CONFIGS]):
         p.error(f"unknown config(s) {', '.join(unknown) if args.configs else '(none)'}: choose from "

@@ -128,9 +128,8 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     }
     c.dataset =
         std::make_shared<const Dataset>(Dataset{std::move(source), std::move(maker), false, m.seed, m.batch_size, layout});
-    log().info("offloader: connection {} configured: {} {} ({} samples), batch {} of {}, {}", c.id, layout.dataset_size
-               ? std::string(c.dataset->maker->kind()) : std::string(), m.source, layout.dataset_size, m.batch_size,
-               fmt::join(layout.shape, "x"),
+    log().info("offloader: connection {} configured: {} ({} samples of {}), batch {} of {}, {}", c.id, m.source,
+               layout.dataset_size, c.dataset->maker->kind(), m.batch_size, fmt::join(layout.shape, "x"),
                layout.direct ? "direct writes into pid " + std::to_string(c.direct_pid) : std::string("over UCX"));
     reply(c, layout);
   } catch (const std::exception& e) {

@@ -129,10 +129,13 @@ PackStats pack_source(const Source& source, const fs::path& out, const MakeSidec
 }
 
 PackStats pack_path(const fs::path& in, const fs::path& out, MediaKind kind) {
-  const std::unique_ptr<Source> source = open_source(in, kind);
-  if (dynamic_cast<const RecordFile*>(source.get()) != nullptr) {
-    throw_error(Errc::kInvalidArgument, fmt::format("pack: {} is already a record file", in.string()));
+  std::error_code ec;
+  const std::string ext = in.extension().string();
+  if (!fs::is_directory(in, ec) && ext != ".csv" && ext != ".jsonl") {
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("pack: {} is not a folder (one sub-folder per class) or a .csv/.jsonl manifest", in.string()));
   }
+  const std::unique_ptr<Source> source = open_source(in, kind);
   MakeSidecar sidecar;
   if (kind == MediaKind::kVideo) {
     sidecar = [](std::span<const std::uint8_t> bytes, std::string_view name) {

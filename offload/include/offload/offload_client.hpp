@@ -203,6 +203,7 @@ class OffloadClient {
   const std::string& address() const { return address_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Lease;
   struct Socket;
 
@@ -223,7 +224,7 @@ class OffloadClient {
   // no UCX event will come for it).
   std::optional<std::chrono::microseconds> post_granted();
   // Tells the pacer of the lease's pieces that landed since it last did.
-  void report_moved(Lease& lease, std::chrono::steady_clock::time_point now);
+  void report_moved(Lease& lease, Clock::time_point now);
   // Posts a deferred lease's next piece without asking (cancel, or granted).
   void post_deferred_now(Lease& lease);
   // Cancels the lease's posted receives from piece `from` on.

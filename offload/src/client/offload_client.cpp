@@ -16,6 +16,7 @@
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
 #include "socket.hpp"
+#include "lease.hpp"
 #include "ucx_batches.hpp"
 #include "transport/endpoints.hpp"
 #include "transport/progress_thread.hpp"
@@ -27,49 +28,6 @@ using protocol::MsgType;
 
 struct OffloadClient::Socket {
   net::UniqueFd fd;
-};
-
-// One open lease: the posted receives and whatever the daemon answered.
-struct OffloadClient::Lease {
-  std::uint64_t id = 0;
-  std::uint64_t batch = 0;
-  bool settled = false;     // no data will come (a direct lease's answer, a Python lease's failure)
-  std::uint32_t asked = 0;  // indices in the PRODUCE
-  bool direct = false;      // the daemon writes into the buffer itself; its answer says it is done
-  std::optional<protocol::Frame> answer;  // BATCH_READY, ERROR or CANCELED
-  BufferFor buffer_for;  // the Python path: the receive is posted on BATCH_READY
-  // The batch's receive: `pieces` of `buffer`, recvs[k] the posted UCX
-  // receive of piece k. Pieces past recvs.size() and below `expected` are
-  // deferred (paced; the lease is in deferred_): `granted` bytes of the next
-  // one are the pacer's so far, and it arrived at `arrived_at` (unset: not yet).
-  void* buffer = nullptr;
-  Pieces pieces;
-  std::size_t expected = 0;  // pieces that will be posted (fewer once the daemon said fewer come)
-  std::vector<transport::Request> recvs;
-  std::vector<Clock::time_point> posted_at;  // per piece posted
-  std::size_t reported = 0;                  // pieces before it: landing told to the pacer
-  std::size_t granted = 0;
-  std::optional<Clock::time_point> arrived_at;
-
-  bool deferred() const { return recvs.size() < expected; }
-  // UCX still holds some of the buffer.
-  bool receiving() const {
-    return std::any_of(recvs.begin(), recvs.end(), [](const transport::Request& r) { return !r.done(); });
-  }
-  // The data are in, or none will come (every receive finished either way).
-  bool received() const { return settled || (!deferred() && !receiving()); }
-  // Why the batch of `bytes` did not land whole in pieces 0.., or nullopt.
-  std::optional<std::string> short_of(std::size_t bytes) {
-    const Pieces landed{bytes, pieces.piece_bytes};
-    if (landed.count() > recvs.size()) return "only " + std::to_string(recvs.size()) + " pieces were received";
-    for (std::size_t k = 0; k < landed.count(); ++k) {
-      if (auto why = failure_of(recvs[k])) return "piece " + std::to_string(k) + ": " + *why;
-      if (recvs[k].received_bytes() != landed.size(k)) {
-        return "piece " + std::to_string(k) + " holds " + std::to_string(recvs[k].received_bytes()) + " bytes";
-      }
-    }
-    return std::nullopt;
-  }
 };
 
 std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
@@ -430,110 +388,6 @@ void OffloadClient::produce(std::uint64_t lease, std::uint64_t epoch, std::uint6
   leases_.emplace(lease, std::move(state));
   protocol::Produce m{lease, epoch, batch, std::vector<std::uint64_t>(indices.begin(), indices.end()), 0};
   send(MsgType::kProduce, protocol::encode(m));
-}
-
-void OffloadClient::post_piece(Lease& lease) {
-  auto lock = lock_worker();
-  const std::size_t k = lease.recvs.size();
-  // All bits of the tag: each piece of each lease finds its own place.
-  lease.recvs.push_back(endpoints_->recv(-1, static_cast<std::byte*>(lease.buffer) + lease.pieces.offset(k),
-                                         lease.pieces.size(k), piece_tag(lease.id, k), ~std::uint64_t{0}));
-  lease.posted_at.push_back(Clock::now());
-  lease.granted = 0;
-  lease.arrived_at.reset();
-  if (lease.recvs.back().done()) {
-    if (const auto why = failure_of(lease.recvs.back())) throw_error(Errc::kTransport, "posting a UCX receive: " + *why);
-  }
-}
-
-void OffloadClient::post_or_defer(Lease& lease, void* buffer, std::size_t bytes) {
-  auto lock = lock_worker();
-  lease.buffer = buffer;
-  lease.pieces = Pieces{bytes, piece_bytes_};
-  lease.expected = lease.pieces.count();
-  if (!paced()) {
-    while (lease.deferred()) post_piece(lease);
-    return;
-  }
-  deferred_.push_back(&lease);
-}
-
-void OffloadClient::report_moved(Lease& lease, Clock::time_point now) {
-  // Pieces land in order: each landed one tells the pacer how fast data move.
-  for (auto& k = lease.reported; k < lease.recvs.size() && lease.recvs[k].done(); ++k) {
-    if (failure_of(lease.recvs[k])) continue;
-    const auto size = lease.pieces.size(k);
-    options_.pacer->moved(size, std::chrono::duration_cast<std::chrono::microseconds>(now - lease.posted_at[k]));
-    if (trace::enabled()) {
-      trace::span("moved " + std::to_string(lease.batch), "data", lease.posted_at[k], now,
-                  {{"batch", static_cast<std::int64_t>(lease.batch)},
-                   {"piece", static_cast<std::int64_t>(k)},
-                   {"bytes", static_cast<std::int64_t>(size)}});
-    }
-  }
-}
-
-std::optional<std::chrono::microseconds> OffloadClient::post_granted() {
-  if (deferred_.empty() || deferred_failure_) return std::nullopt;
-  std::sort(deferred_.begin(), deferred_.end(), [](const Lease* a, const Lease* b) { return a->batch < b->batch; });
-  // Pieces posted and still moving: at most pieces_in_flight at a time, so
-  // that a gradient starting now queues behind that many, not behind every
-  // batch granted while the link was free.
-  std::size_t moving = 0;
-  const auto now = Clock::now();
-  for (Lease* lease : deferred_) {
-    moving += static_cast<std::size_t>(std::count_if(lease->recvs.begin(), lease->recvs.end(),
-                                                     [](const transport::Request& r) { return !r.done(); }));
-    report_moved(*lease, now);
-  }
-  std::optional<std::chrono::microseconds> holding;
-  for (Lease* lease : deferred_) {
-    // Pieces arrive in order (one endpoint, sent in order): the next one's
-    // announcement means the ones before it were announced too.
-    while (!holding && lease->deferred() && moving < options_.pieces_in_flight) {
-      const std::size_t k = lease->recvs.size();
-      if (!lease->arrived_at) {
-        if (!endpoints_->arrived(piece_tag(lease->id, k), ~std::uint64_t{0})) break;  // its arrival wakes this thread
-        lease->arrived_at = Clock::now();
-      }
-      lease->granted += options_.pacer->acquire(lease->pieces.size(k) - lease->granted, lease->batch);
-      if (lease->granted < lease->pieces.size(k)) {
-        // An earlier deadline waits for credit: later ones wait too.
-        holding = options_.pacer->retry_after(lease->pieces.size(k) - lease->granted);
-        break;
-      }
-      try {
-        post_deferred_now(*lease);
-      } catch (const Error& e) {
-        deferred_failure_ = e.what();  // the consumer's next call fails the connection with it
-        return std::nullopt;
-      }
-      ++moving;
-    }
-  }
-  // A lease leaves once every piece is posted and has landed (its last
-  // pieces still count against the window until then).
-  std::erase_if(deferred_, [](const Lease* l) { return !l->deferred() && !l->receiving(); });
-  return holding;
-}
-
-void OffloadClient::post_deferred_now(Lease& lease) {
-  const auto now = Clock::now();
-  const std::size_t k = lease.recvs.size();
-  // A span only for a piece that waited for credit (not one granted on arrival).
-  if (trace::enabled() && lease.arrived_at && now - *lease.arrived_at > std::chrono::microseconds(100)) {
-    trace::span("paced " + std::to_string(lease.batch), "data", *lease.arrived_at, now,
-                {{"batch", static_cast<std::int64_t>(lease.batch)},
-                 {"piece", static_cast<std::int64_t>(k)},
-                 {"bytes", static_cast<std::int64_t>(lease.pieces.size(k))}});
-  }
-  post_piece(lease);
-}
-
-void OffloadClient::cancel_receives(Lease& lease, std::size_t from) {
-  for (std::size_t k = from; k < lease.recvs.size(); ++k) {
-    if (!lease.recvs[k].done()) lease.recvs[k].cancel();
-  }
 }
 
 void OffloadClient::cancel(std::uint64_t lease) {

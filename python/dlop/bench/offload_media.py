@@ -210,14 +210,18 @@ def clip_spatial(frames):
     return frames.permute(1, 0, 2, 3).contiguous().unsqueeze(0)
 
 
-class TorchcodecClips:
-    """One exact-mode decoder per sample (the whole file is scanned for its frame index), one FFmpeg thread."""
+class _Files:
+    """A map-style dataset over (path, label) pairs; subclasses read a sample."""
 
     def __init__(self, files):
         self.files = files
 
     def __len__(self):
         return len(self.files)
+
+
+class TorchcodecClips(_Files):
+    """One exact-mode decoder per sample (the whole file is scanned for its frame index), one FFmpeg thread."""
 
     def __getitem__(self, i):
         from torchcodec.decoders import VideoDecoder
@@ -228,17 +232,11 @@ class TorchcodecClips:
         return clip_spatial(frames), label
 
 
-class PyAVClips:
+class PyAVClips(_Files):
     """SlowFast's reader: seek a little before the first wanted frame's pts (the container goes to the keyframe
     before it), decode forward and keep the wanted frames by pts; one decoder thread."""
 
     SEEK_MARGIN = 1024  # pts, as SlowFast's pyav_decode_stream
-
-    def __init__(self, files):
-        self.files = files
-
-    def __len__(self):
-        return len(self.files)
 
     def __getitem__(self, i):
         import av
@@ -277,15 +275,12 @@ class PyAVClips:
         return got
 
 
-class SoundfileFeatures:
+class SoundfileFeatures(_Files):
     """soundfile.read + soxr.resample + torch.stft + a mel matrix: log-mel features with SpecAugment."""
 
     def __init__(self, files, filters):
-        self.files, self.filters = files, filters
-        self.window = None
-
-    def __len__(self):
-        return len(self.files)
+        super().__init__(files)
+        self.filters, self.window = filters, None
 
     def __getitem__(self, i):
         import soundfile

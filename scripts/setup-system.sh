@@ -25,6 +25,12 @@ PACKAGES=(
   libsndfile1-dev libsoxr-dev libkissfft-dev espeak-ng
   # ip and tc: the tests' hosts as network namespaces joined by veth and a bridge.
   iproute2
+  # offload/: record files and WebDataset shards from S3-compatible stores and
+  # HTTP(S) (libcurl, with its SigV4 signing); nginx serves shards to the tests.
+  libcurl4-openssl-dev nginx
+  # A real SLURM cluster of namespace nodes for the fleet tests (no systemd:
+  # the tests start munged, slurmctld and slurmd themselves).
+  slurmctld slurmd slurm-client munge
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -81,7 +81,7 @@ def test_bench_offload_video_smoke(tmp_path):
     if shutil.which("ffmpeg") is None:
         pytest.skip("the built-in clips are made with the ffmpeg command-line tool")
     result, stdout = _media_run(tmp_path, "video", ["--samples", "4", "--check-clips", "2"])
-    _check_rows(result["rows"], ["native", "native_fast", "torchcodec", "pyav"])
+    _check_rows(result["rows"], ["native", "native_fast", "torchcodec", "pyav", "decode_floor"])
     check = result["header"]["cross_check"]
     try:
         import torchcodec.decoders  # noqa: F401
@@ -97,6 +97,8 @@ def test_bench_offload_video_smoke(tmp_path):
     assert check["native_fast_equal_fraction"] == 1.0, check
     assert 0.0 <= check["equal_fraction"] <= 1.0 and check["max_abs_diff"] >= 0, check
     assert "cross-check" in stdout and "samples per CPU-second" in stdout
+    if "unavailable" not in next(r for r in result["rows"] if r["pipeline"] == "decode_floor"):
+        assert "bound: " in stdout
 
 
 @pytest.mark.timeout(180)

@@ -183,31 +183,38 @@ class Daemons:
 
 def timed_passes(make_iter, batch: int, batches: int, reps: int, helper_pids, desc: str = "",
                  unit: str = "image") -> dict:
-    """Median over passes of samples/s and CPU per sample; each pass skips one warm-up batch. A batch is a
-    tuple whose first item holds the samples (audio's has lengths after the labels)."""
+    """Median over passes of samples/s and CPU per sample. A batch is a tuple whose first item holds the samples
+    (audio's has lengths after the labels).
+
+    samples/s is timed over `batches` batches after a warm-up one. CPU per sample is the CPU of the trainer and
+    its helpers over the whole pass, from before its iterator is made to its end, divided by every sample of it:
+    workers and offloaders prefetch, so a window after the warm-up batch would miss the work done before it and
+    count work done for batches after it, and the two need not cancel. The pass therefore always runs to the end
+    of its epoch, where no work is in flight."""
     rates, cpu_all, cpu_trainer = [], [], []
     bar = _common.progress(total=reps * batches * batch, desc=desc or "offload", unit=unit)
     for _ in range(reps):
+        before = {p: proc_cpu(p) for p in helper_pids()}  # helpers started by make_iter count from zero
+        own0 = trainer_cpu()
         it = make_iter()
-        next(it)  # warm-up: workers started, first batch in flight
-        pids = helper_pids()
-        helpers0 = sum(proc_cpu(p) for p in pids)
-        own0, wall0, n = trainer_cpu(), time.perf_counter(), 0
+        total = next(it)[0].shape[0]  # warm-up: workers started, first batch in flight
+        wall0, n, wall = time.perf_counter(), 0, None
         for got in it:
-            n += got[0].shape[0]
-            bar.update(got[0].shape[0])
-            if n >= batches * batch:
-                break
-        wall = time.perf_counter() - wall0
+            total += got[0].shape[0]
+            if wall is None:
+                n += got[0].shape[0]
+                bar.update(got[0].shape[0])
+                if n >= batches * batch:
+                    wall = time.perf_counter() - wall0
+        if wall is None:
+            if n == 0:
+                raise RuntimeError("no batch after the warm-up one: use more --images or fewer --batches")
+            wall = time.perf_counter() - wall0
         own = trainer_cpu() - own0
-        helpers = sum(proc_cpu(p) for p in pids if os.path.exists(f"/proc/{p}")) - helpers0
-        with contextlib.suppress(Exception):
-            it.close()
-        if n == 0:
-            raise RuntimeError("no batch after the warm-up one: use more --images or fewer --batches")
+        helpers = sum(proc_cpu(p) - before.get(p, 0.0) for p in helper_pids() if os.path.exists(f"/proc/{p}"))
         rates.append(n / wall)
-        cpu_all.append((own + helpers) / n)
-        cpu_trainer.append(own / n)
+        cpu_all.append((own + helpers) / total)
+        cpu_trainer.append(own / total)
     bar.close()
     return {"samples_per_s": _common.median(rates), "cpu_s_per_sample": _common.median(cpu_all),
             "trainer_cpu_s_per_sample": _common.median(cpu_trainer)}

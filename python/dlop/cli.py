@@ -2,8 +2,11 @@
 
     dlop make-dataset OUT [--kind image|video|audio --classes N --per-class N --seed S]
     dlop pack ROOT OUT.dlrec [--kind image|video|audio]
-    dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --discover] [--token-file F] -- COMMAND...
+    dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --offloaders-dns NAME:PORT[,...] | --discover]
+             [--token-file F] [--wait S] -- COMMAND...              (in a SLURM het job: no flags)
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
+    dlop offloader [dlop-offloader args...]                  (in het group 1 of a SLURM job)
+    dlop slurm-template > job.sbatch                         (then: sbatch job.sbatch python train.py)
     dlop offloader-stats HOST:PORT --token-file F [--json]
     dlop report linearity --out DIR [--layouts 2x1,2x2 --rates 1gbit --link-gbps 25 --ranks-per-host 8 ...]
                                                              (python -m dlop.bench.linearity)
@@ -22,7 +25,8 @@ COMMANDS = {
     "make-dataset": ("dlop.data.make_dataset", "generate a built-in synthetic dataset: images (default), video or audio"),
     "pack": ("dlop.data.pack", "pack a folder by class or a manifest into a dlop record file"),
     "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
-    "offloader": ("dlop.offloader_launcher", "run dlop-offloader and announce it in a training job's c10d store"),
+    "offloader": ("dlop.offloader_launcher", "run dlop-offloader for a job: announced in its c10d store, or in SLURM het group 1"),
+    "slurm-template": ("dlop.slurm_template", "print a SLURM batch script: training in het group 0, offloaders in 1"),
     "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),
     "report": ("dlop.bench.report", "benchmark JSON as tables and plots; `report linearity`: the DDP linearity report"),
 }

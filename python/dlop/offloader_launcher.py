@@ -1,4 +1,5 @@
-"""`dlop offloader --store HOST:PORT [--advertise HOST] [daemon args...]`.
+"""`dlop offloader --store HOST:PORT [--advertise HOST] [daemon args...]`, or
+`dlop offloader [daemon args...]` in het group 1 of a SLURM job.
 
 Starts ``dlop-offloader`` (``$DLOP_OFFLOADER``, else the one next to this
 Python, else on PATH) with the remaining arguments, waits until it listens,
@@ -8,6 +9,12 @@ it, also mid-epoch. SIGINT/SIGTERM/SIGHUP go to the daemon; when it exits its
 announcement is withdrawn and this command exits with its status.
 
 The store is the job's TCPStore: under torchrun, MASTER_ADDR:MASTER_PORT.
+
+In a SLURM job, without --store, the daemon listens where that job's
+`dlop run` looks (dlop._slurm.het_offloaders: every interface, on the port
+derived from the job id, plus SLURM_LOCALID), with the job's token
+(DLOP_OFFLOAD_TOKEN_FILE) and a compute thread per CPU of its task, and
+prints the node it runs on.
 """
 
 from __future__ import annotations
@@ -70,32 +77,37 @@ def _connect_store(host: str, port: int, timeout: float, stopping: threading.Eve
             time.sleep(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dlop offloader",
-        description="Run dlop-offloader and announce it in a training job's c10d store. "
-                    "Arguments not listed here go to dlop-offloader (--token-file is required there).")
-    parser.add_argument("--store", required=True, help="HOST:PORT of the job's TCPStore (torchrun: MASTER_ADDR:MASTER_PORT)")
-    parser.add_argument("--listen", default="0.0.0.0:0", help="passed to dlop-offloader (default: every interface, any port)")
-    parser.add_argument("--advertise", help="host to announce (default: the listen host, or for 0.0.0.0 the "
-                                            "address this machine reaches the store from)")
-    parser.add_argument("--store-timeout", type=float, default=300.0, help="seconds to wait for the store (default 300)")
-    parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for the daemon to listen")
-    args, rest = parser.parse_known_args(argv)
-    store_addr = _host_port(args.store, "--store")
-    listen_host, _ = _host_port(args.listen, "--listen")
+def _given(rest: list[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in rest)
 
-    proc = subprocess.Popen([daemon_path(), "--listen", args.listen, *rest], stdout=subprocess.PIPE, text=True)
-    stopping = threading.Event()
 
-    def forward(signum, _frame):
-        stopping.set()
-        if proc.poll() is None:
-            proc.send_signal(signum)
+def _slurm_daemon_args(listen_host: str, rest: list[str], env) -> tuple[str, list[str], str]:
+    """(--listen, the other daemon arguments, a line saying where it runs) for het group 1 of a SLURM job."""
+    from dlop import _slurm
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
+    try:
+        port = _slurm.offloader_port(env) + int(env.get("SLURM_LOCALID") or 0)
+        tasks_here = _slurm.tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or "1")
+        tasks_here = tasks_here[min(int(env.get("SLURM_NODEID") or 0), len(tasks_here) - 1)]
+    except ValueError as e:
+        raise SystemExit(f"dlop offloader: {e}") from None
+    extra = []
+    if not _given(rest, "--token-file"):
+        if not env.get("DLOP_OFFLOAD_TOKEN_FILE"):
+            raise SystemExit("dlop offloader: no token: DLOP_OFFLOAD_TOKEN_FILE is unset (the batch script makes "
+                             "the job's: see dlop slurm-template), and no --token-file was given")
+        extra += ["--token-file", env["DLOP_OFFLOAD_TOKEN_FILE"]]
+    cpus = env.get("SLURM_CPUS_PER_TASK") or str(max(1, int(env.get("SLURM_CPUS_ON_NODE") or 0) // tasks_here))
+    if not _given(rest, "--threads") and cpus.isdigit() and int(cpus) > 0:
+        extra += ["--threads", cpus]
+    where = (f"dlop offloader: on {socket.gethostname()} for SLURM job {env.get('SLURM_JOB_ID')}, "
+             f"port {port} (het group 1's nodes, the port from the job id: dlop run finds it)")
+    return f"{listen_host}:{port}", extra + rest, where
 
+
+def _start(argv: list[str], start_timeout: float, hint: str = "") -> tuple[subprocess.Popen, int]:
+    """dlop-offloader started with argv and listening: (the process, its port). Its stdout is relayed."""
+    proc = subprocess.Popen([daemon_path(), *argv], stdout=subprocess.PIPE, text=True)
     # The daemon's stdout is relayed line by line; the first line says where it listens.
     lines: queue.Queue = queue.Queue()
 
@@ -107,20 +119,65 @@ def main(argv: list[str] | None = None) -> int:
         lines.put(None)
 
     threading.Thread(target=relay, daemon=True).start()
-    port = None
-    deadline = time.monotonic() + args.start_timeout
-    while port is None:
+    deadline = time.monotonic() + start_timeout
+    while True:
         try:
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             proc.kill()
-            raise SystemExit(f"dlop offloader: dlop-offloader did not listen within {args.start_timeout:g} s") from None
+            raise SystemExit(f"dlop offloader: dlop-offloader did not listen within {start_timeout:g} s") from None
         if line is None:
             code = proc.wait()
-            print(f"dlop offloader: dlop-offloader exited with status {code} before listening", file=sys.stderr)
-            return code if code > 0 else 1
+            raise SystemExit(f"dlop offloader: dlop-offloader exited with status {code} before listening{hint}")
         if "listening on" in line:
-            port = int(line.strip().rsplit(":", 1)[1])
+            return proc, int(line.strip().rsplit(":", 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dlop offloader",
+        description="Run dlop-offloader and announce it in a training job's c10d store, or, in a SLURM job "
+                    "without --store, where that job's `dlop run` looks for it. Arguments not listed here go to "
+                    "dlop-offloader (--token-file is required there, except in a SLURM job).")
+    parser.add_argument("--store", help="HOST:PORT of the job's TCPStore (torchrun: MASTER_ADDR:MASTER_PORT); "
+                                        "in a SLURM job's het group 1 leave it out")
+    parser.add_argument("--listen", default="0.0.0.0:0", help="passed to dlop-offloader (default: every interface, "
+                                                              "any port; in a SLURM job the port is the job's)")
+    parser.add_argument("--advertise", help="host to announce (default: the listen host, or for 0.0.0.0 the "
+                                            "address this machine reaches the store from)")
+    parser.add_argument("--store-timeout", type=float, default=300.0, help="seconds to wait for the store (default 300)")
+    parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for the daemon to listen")
+    args, rest = parser.parse_known_args(argv)
+    listen_host, _ = _host_port(args.listen, "--listen")
+    store_addr = _host_port(args.store, "--store") if args.store else None
+    hint = ""
+    if store_addr is None:
+        if not os.environ.get("SLURM_JOB_ID"):
+            parser.error("--store is required outside a SLURM job (there, het group 1 runs `dlop offloader` "
+                         "without it: see dlop slurm-template)")
+        listen, rest, where = _slurm_daemon_args(listen_host, rest, os.environ)
+        print(where, flush=True)
+        hint = (f" (is port {listen.rsplit(':', 1)[1]} taken? DLOP_SLURM_OFFLOADER_PORT in the batch script "
+                "chooses another)")
+    else:
+        listen = args.listen
+
+    stopping = threading.Event()
+    proc = None
+
+    def forward(signum, _frame):
+        stopping.set()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    proc, port = _start(["--listen", listen, *rest], args.start_timeout, hint)
+    if stopping.is_set():  # a signal came while it started
+        proc.terminate()
+    if store_addr is None:
+        code = proc.wait()
+        return code if code >= 0 else 128 - code
 
     store = index = None
     try:

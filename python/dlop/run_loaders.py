@@ -1,0 +1,274 @@
+"""`dlop run`, in the training processes: each DataLoader iteration offloaded.
+
+dlop run's ``sitecustomize`` (python/dlop/_run_site) hands every iteration of
+a ``torch.utils.data.DataLoader`` to :func:`iterate`, which runs
+``dlop.data.offload(loader)`` once for that loader and yields its batches,
+or the loader's own when it cannot be offloaded (one warning naming why).
+The offloaders come from the settings the launcher (dlop.run) left in the
+environment: DLOP_RUN_OFFLOADERS, the names in DLOP_RUN_DNS (dlop.fleet),
+DLOP_RUN_WAIT, and the job's c10d store with DLOP_RUN_DISCOVER
+(dlop.data.discovery). Offloaders that answer or are announced later join
+the running loaders between batches.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+_busy = threading.local()  # set while dlop sets a loader up: DataLoaders it iterates then stay torch's
+_lock = threading.Lock()
+_joined: list[str] = []  # addresses the discovery watcher reported, in order
+_store = None
+_watchers: list = []  # the discovery and fleet watchers of this process, stopped at exit
+_fleet_watched = False  # a fleet watcher has started (one per process: every loader shares its joins)
+_counts = {"offloaded": 0, "local": 0}  # batches yielded, by who made them
+_summary_registered = False
+
+
+def _token() -> str | None:
+    path = os.environ.get("DLOP_OFFLOAD_TOKEN_FILE")
+    if path:
+        return Path(path).read_text().rstrip(" \t\n\r\v\f")  # as dlop-offloader reads it
+    return os.environ.get("DLOP_OFFLOAD_TOKEN")
+
+
+def _discovery_store():
+    """(store, None), or (None, why not). One connection per process, plus one for the watcher."""
+    global _store
+    if _store is not None:
+        return _store, None
+    from dlop.data import discovery
+
+    where = os.environ.get("DLOP_RUN_STORE")
+    if where:
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        host, _, port = where.rpartition(":")
+        try:
+            store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=30))
+        except Exception as e:  # the training goes on, locally
+            return None, f"the store at {where} did not answer ({e})"
+    else:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None, ("--discover reads the default process group's store, and torch.distributed is not "
+                          "initialized when this DataLoader is iterated (or pass dlop run --store HOST:PORT)")
+        store = discovery.raw_store(dist.distributed_c10d._get_default_store())
+    try:
+        watched = store.clone()  # the watcher's thread gets a connection of its own
+    except Exception:
+        watched = store
+
+    _watchers.append(discovery.Watcher(watched, _report_join, interval=_interval()))
+    _store = store
+    return store, None
+
+
+def _interval() -> float:
+    return float(os.environ.get("DLOP_RUN_DISCOVER_INTERVAL", "1"))
+
+
+def _report_join(address: str) -> None:
+    with _lock:
+        _joined.append(address)
+
+
+def _fleet(addresses: list[str]) -> tuple[list[str], str]:
+    """Of the given addresses and those behind DLOP_RUN_DNS's names, the ones that answer (waiting up
+    to DLOP_RUN_WAIT seconds for the first), and why none does; the others join when they answer."""
+    global _fleet_watched
+    from dlop import fleet
+
+    names = [n for n in os.environ.get("DLOP_RUN_DNS", "").split(",") if n]
+    candidates = fleet.Candidates(addresses, names)
+    ready, why = fleet.wait_for_any(candidates, float(os.environ.get("DLOP_RUN_WAIT") or 0))
+    if not _fleet_watched:
+        _fleet_watched = True
+        _watchers.append(fleet.Watcher(candidates, _report_join, seen=ready, interval=_interval()))
+    return ready, why
+
+
+class _Local:
+    """A loader that runs as torch's, and why."""
+
+    def __init__(self, reason: str, tried: list[str]) -> None:
+        self.reason, self.tried = reason, tried
+
+    def worth_retrying(self) -> bool:
+        # Offloaders that joined since (discovered, or answering at last) are
+        # worth a new try at the next epoch's iteration; the current epoch has started locally.
+        with _lock:
+            if any(a not in self.tried for a in _joined):
+                return True
+        if os.environ.get("DLOP_RUN_DISCOVER") and _store is None:  # the process group may exist by now
+            import torch.distributed as dist
+
+            return not os.environ.get("DLOP_RUN_STORE") and dist.is_available() and dist.is_initialized()
+        return False
+
+
+class _Offloaded:
+    def __init__(self, off, used: list[str]) -> None:
+        self.off = off
+        self.used = set(used)
+        self.seen = 0  # how much of _joined this loader has looked at
+        self.iterations = 0
+
+    def _add_joined(self) -> None:
+        # On the consumer's thread, between batches: the lease manager is driven by one thread.
+        with _lock:
+            new = _joined[self.seen:]
+            self.seen = len(_joined)
+        for address in new:
+            if address in self.used or not self.off.offloaded:
+                continue
+            self.used.add(address)
+            try:
+                self.off.add_offloader(address)
+                print(f"dlop run: offloader {address} joined", file=sys.stderr, flush=True)
+            except Exception as e:  # an unreachable joiner costs nothing but this line
+                print(f"dlop run: offloader {address} announced but not usable: {e}", file=sys.stderr, flush=True)
+
+    def batches(self, loader):
+        from torch.utils.data.distributed import DistributedSampler
+
+        if type(loader.sampler) is DistributedSampler:
+            epoch = loader.sampler.epoch  # the script's set_epoch
+        else:
+            epoch = self.iterations  # torch reshuffles every iteration: so does dlop, by epoch
+        self.iterations += 1
+        self.off.set_epoch(epoch)
+        pin = bool(loader.pin_memory)
+        return self._generate(pin)
+
+    def _generate(self, pin: bool):
+        import torch
+
+        pin = pin and torch.cuda.is_available()
+        native = self.off.dataset is None
+        for got in self.off:
+            by_daemon = self.off.offloaded
+            # The OffloadLoader's tensors view buffers reused at the next step;
+            # a script may keep a batch (torch's loaders give fresh tensors), so copy.
+            batch = _own(list(got) if native else got, pin)
+            _counts["offloaded" if by_daemon else "local"] += 1
+            if _watchers:
+                self._add_joined()
+            yield batch
+
+
+def _own(batch, pin: bool):
+    """A copy of a batch whose tensors and arrays do not view the loader's buffers."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if pin else batch.clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if isinstance(batch, dict):
+        return type(batch)((k, _own(v, pin)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_own(v, pin) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_own(v, pin) for v in batch)
+    return batch
+
+
+def _why_not(loader) -> str | None:
+    """What dlop.data.offload would get wrong about this loader, beyond what it checks itself."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    if type(loader) is not DataLoader:
+        return f"it is a {type(loader).__name__}, a DataLoader subclass whose behaviour dlop cannot know"
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank = dist.get_rank() if world > 1 else 0
+    sampler = loader.sampler
+    if type(sampler) is DistributedSampler:
+        if (sampler.num_replicas, sampler.rank) != (world, rank):
+            return (f"its DistributedSampler is rank {sampler.rank} of {sampler.num_replicas}, and this process "
+                    f"is rank {rank} of {world}: dlop shards by the process group")
+    elif world > 1:
+        return (f"it has no DistributedSampler in a job of {world} ranks, so every rank reads the whole "
+                "dataset, and dlop would shard it across the ranks")
+    return None
+
+
+def _prepare(loader):
+    from dlop.data import discovery
+    from dlop.data.wrap import offload
+
+    addresses = [a for a in os.environ.get("DLOP_RUN_OFFLOADERS", "").split(",") if a]
+    reason = _why_not(loader)
+    unanswered = ""
+    if reason is None and (os.environ.get("DLOP_RUN_DNS") or os.environ.get("DLOP_RUN_WAIT")):
+        tried = addresses
+        addresses, unanswered = _fleet(addresses)
+        if unanswered and not os.environ.get("DLOP_RUN_DISCOVER"):
+            reason, addresses = unanswered, tried
+    if reason is None and os.environ.get("DLOP_RUN_DISCOVER"):
+        store, reason = _discovery_store()
+        if store is not None:
+            try:
+                addresses += [a for a in discovery.discover(store) if a not in addresses]
+            except Exception as e:
+                reason = f"reading the offloaders from the store failed ({e})"
+            if reason is None and not addresses:
+                reason = unanswered or "no offloader is announced in the job's store yet (dlop offloader --store ...)"
+    if reason is None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                off = offload(loader, offloaders=addresses, token=_token())
+            except (ValueError, TypeError, RuntimeError, OSError) as e:
+                reason = str(e)
+        if reason is None:
+            if off.offloaded:
+                # The watcher reports the initial addresses too: _Offloaded skips them as used.
+                return _Offloaded(off, addresses)
+            reason = next((str(w.message) for w in caught if "OffloadLoader" in str(w.message)), "no offloader answered")
+        for w in caught:  # anything else said while setting up is the user's to see
+            if "OffloadLoader" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    warnings.warn(f"dlop run: this DataLoader is not offloaded and runs as usual: {reason}", RuntimeWarning, stacklevel=4)
+    return _Local(reason, addresses)
+
+
+def _summary() -> None:
+    if _counts["offloaded"] or _counts["local"]:
+        print(f"dlop run: {_counts['offloaded']} batches made by dlop-offloader, {_counts['local']} made locally "
+              f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    for watcher in _watchers:
+        watcher.stop()
+
+
+def iterate(loader, original):
+    """DataLoader.__iter__ under dlop run: the offloaded batches, or `original(loader)`'s."""
+    if getattr(_busy, "active", False):
+        return original(loader)
+    state = loader.__dict__.get("_dlop_run")
+    if state is None or (isinstance(state, _Local) and state.worth_retrying()):
+        _busy.active = True
+        try:
+            state = _prepare(loader)
+        finally:
+            _busy.active = False
+        global _summary_registered
+        if not _summary_registered:
+            _summary_registered = True
+            atexit.register(_summary)
+        loader.__dict__["_dlop_run"] = state  # DataLoader.__setattr__ guards only its own fields
+    if isinstance(state, _Local):
+        return original(loader)
+    return state.batches(loader)

@@ -1,0 +1,268 @@
+"""A real SLURM cluster on this machine, for tests: munged, slurmctld and
+slurmd from Debian's packages, each node a network + UTS + mount namespace.
+
+- The nodes ``n1``, ``n2``, ... are network namespaces on a bridge (their
+  own subnet 10.77.X.0/24, X from the creator's pid); the bridge holds the
+  controller's address, .254, in the root namespace.
+- Each slurmd runs as ``nsenter --net=/run/netns/NODE unshare --uts --mount``
+  with the node's host name and a private /etc/hosts bind-mounted over the
+  machine's, so node names resolve on the nodes as a cluster's DNS would.
+  Not ``ip netns exec``: it remounts /sys, and slurmd 22.05 then fails.
+- munged has its own key and socket (``AuthInfo=socket=``), so a system
+  munged, or another test's cluster, is never touched.
+- Everything runs in the foreground as children of the creator, without
+  systemd; :meth:`SlurmCluster.close` stops them and every process left in
+  a node's namespace (job steps included), then removes the namespaces.
+
+``python tests/python/slurm_cluster.py DIR`` brings one up by hand and
+keeps it until Ctrl-C (``export SLURM_CONF=DIR/slurm.conf`` to use it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue", "sinfo", "nsenter", "unshare", "ip")
+
+
+def unavailable() -> str | None:
+    """Why a cluster cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "a SLURM cluster in namespaces needs root (munged, slurmd, ip netns)"
+    missing = [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    if missing:
+        return f"not installed: {', '.join(missing)} (scripts/setup-system.sh installs slurmctld, slurmd, munge)"
+    return None
+
+
+def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"'{' '.join(argv)}' failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, logs: list[Path] = ()):
+    """predicate()'s first true value, polled until `timeout`; else RuntimeError with what and the logs' tails."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    tails = "".join(f"\n--- {p} ---\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                    for p in logs if p.exists())
+    raise RuntimeError(f"timed out after {timeout:g} s: {what}{tails}")
+
+
+SLURM_CONF = """\
+ClusterName=dlop
+SlurmctldHost={ctl}({ctl_addr})
+SlurmctldPort={ctl_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool/%n
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd-%n.log
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+MpiDefault=none
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=2
+MinJobAge=60
+MessageTimeout=10
+NodeName=DEFAULT CPUs={cpus} RealMemory=1000 State=UNKNOWN
+{nodes}
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmCluster:
+    """`nodes` SLURM nodes on this machine; `env` is the environment client commands need."""
+
+    def __init__(self, folder: Path, nodes: int = 2, cpus: int | None = None, start_timeout: float = 60.0) -> None:
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        self.dir = Path(folder)
+        self.tag = f"dls{os.getpid()}"
+        subnet = f"10.77.{os.getpid() % 250}"
+        self.nodes = [f"n{i + 1}" for i in range(nodes)]
+        self.addrs = {n: f"{subnet}.{i + 1}" for i, n in enumerate(self.nodes)}
+        self.ctl, self.ctl_addr = "dlopctl", f"{subnet}.254"
+        self._namespaces = [f"{self.tag}-{n}" for n in self.nodes]
+        self._bridge = f"{self.tag}b"
+        self._procs: list[subprocess.Popen] = []
+        self.env = {**os.environ, "SLURM_CONF": str(self.dir / "slurm.conf")}
+        for var in [v for v in self.env if v.startswith(("SLURM_", "SBATCH_", "SRUN_")) and v != "SLURM_CONF"]:
+            del self.env[var]  # a test run inside a SLURM job must not leak that job's settings into these
+        try:
+            self._network()
+            self._munge()
+            self._configure(cpus or os.cpu_count())
+            self._controller()
+            for node, namespace in zip(self.nodes, self._namespaces):
+                self._slurmd(node, namespace)
+            logs = [self.dir / "slurmctld.log"] + [self.dir / f"slurmd-{n}.log" for n in self.nodes]
+            wait_for(self._all_idle, start_timeout, "the nodes to come up idle", logs)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ set-up
+
+    def _network(self) -> None:
+        for namespace in _run(["ip", "netns", "list"]).stdout.split():  # a crashed run's leftovers
+            m = re.match(r"dls(\d+)-", namespace)
+            if m and not Path(f"/proc/{m.group(1)}").exists():
+                _run(["ip", "netns", "del", namespace], check=False)
+        _run(["ip", "link", "add", self._bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{self.ctl_addr}/24", "dev", self._bridge])
+        _run(["ip", "link", "set", self._bridge, "up"])
+        for i, (node, namespace) in enumerate(zip(self.nodes, self._namespaces)):
+            outer = f"{self.tag}v{i}"
+            _run(["ip", "netns", "add", namespace])
+            _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", outer + "i"])
+            _run(["ip", "link", "set", outer + "i", "netns", namespace])
+            _run(["ip", "-n", namespace, "link", "set", outer + "i", "name", "eth0"])
+            _run(["ip", "-n", namespace, "addr", "add", f"{self.addrs[node]}/24", "dev", "eth0"])
+            _run(["ip", "-n", namespace, "link", "set", "eth0", "up"])
+            _run(["ip", "-n", namespace, "link", "set", "lo", "up"])
+            _run(["ip", "link", "set", outer, "master", self._bridge])
+            _run(["ip", "link", "set", outer, "up"])
+        hosts = [f"127.0.0.1 localhost", f"{self.ctl_addr} {self.ctl}"]
+        hosts += [f"{addr} {node}" for node, addr in self.addrs.items()]
+        (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
+
+    def _start(self, argv: list[str], log: str) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=(self.dir / log).open("w"),
+                                stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+        self._procs.append(proc)
+        return proc
+
+    def _munge(self) -> None:
+        folder = self.dir / "munge"
+        folder.mkdir()
+        folder.chmod(0o711)  # munged wants its socket's folder searchable by the clients
+        key = folder / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o600)
+        self.munge_socket = folder / "munge.socket"
+        self._start(["munged", "-F", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+                     f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
+                     f"--seed-file={folder}/munged.seed"], "munged.out")
+        wait_for(self.munge_socket.exists, 20, "munged to open its socket", [folder / "munged.log"])
+
+    def _configure(self, cpus: int) -> None:
+        for sub in ("state", "spool"):
+            (self.dir / sub).mkdir()
+        self.ctl_port = _free_port()
+        nodes = "\n".join(f"NodeName={n} NodeAddr={a} NodeHostname={n}" for n, a in self.addrs.items())
+        (self.dir / "slurm.conf").write_text(SLURM_CONF.format(
+            ctl=self.ctl, ctl_addr=self.ctl_addr, ctl_port=self.ctl_port, slurmd_port=6818,
+            munge_socket=self.munge_socket, dir=self.dir, cpus=cpus, nodes=nodes))
+
+    def _in_namespace(self, hostname: str, argv: list[str], namespace: str | None) -> list[str]:
+        """argv in a UTS + mount namespace (and a network one) with `hostname` and this cluster's /etc/hosts."""
+        inner = (f"hostname {hostname} && mount --bind {self.dir}/hosts /etc/hosts && exec "
+                 + " ".join(f"'{a}'" for a in argv))
+        enter = ["nsenter", f"--net=/run/netns/{namespace}"] if namespace else []
+        return enter + ["unshare", "--uts", "--mount", "sh", "-c", inner]
+
+    def _controller(self) -> None:
+        argv = ["slurmctld", "-D", "-i", "-f", str(self.dir / "slurm.conf")]
+        self._start(self._in_namespace(self.ctl, argv, None), "slurmctld.out")
+
+    def _slurmd(self, node: str, namespace: str) -> None:
+        (self.dir / "spool" / node).mkdir()
+        argv = ["slurmd", "-D", "-N", node, "-f", str(self.dir / "slurm.conf")]
+        self._start(self._in_namespace(node, argv, namespace), f"slurmd-{node}.out")
+
+    def _all_idle(self) -> bool:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env)
+        states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+        return done.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes)
+
+    # ------------------------------------------------------------ use
+
+    def run(self, argv: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+        """A client command (sbatch, squeue, scancel...) against this cluster."""
+        return subprocess.run(argv, capture_output=True, text=True, env={**self.env, **kw.pop("env", {})},
+                              timeout=timeout, **kw)
+
+    def close(self) -> None:
+        """Stops the daemons and every process in the nodes' namespaces; removes the network. Idempotent."""
+        for namespace in self._namespaces:
+            pids = _run(["ip", "netns", "pids", namespace], check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._procs = []
+        for namespace in self._namespaces:
+            _run(["ip", "netns", "del", namespace], check=False)
+        for i in range(len(self.nodes)):
+            _run(["ip", "link", "del", f"{self.tag}v{i}"], check=False)
+        _run(["ip", "link", "del", self._bridge], check=False)
+
+    def __enter__(self) -> "SlurmCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the cluster is closed
+    with SlurmCluster(folder, nodes=int(sys.argv[2]) if len(sys.argv) > 2 else 2) as cluster:
+        print(f"up: export SLURM_CONF={folder}/slurm.conf; Ctrl-C stops it", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass

@@ -111,6 +111,15 @@ def tasks_per_node(text: str) -> list[int]:
     return counts
 
 
+def tasks_on_this_node(env) -> int:
+    """How many tasks of this srun step run on this node (1 outside a step)."""
+    counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or "1")
+    node = env.get("SLURM_NODEID") or "0"
+    if not node.isdigit():
+        raise ValueError(f"SLURM_NODEID={node!r} is not a number")
+    return counts[min(int(node), len(counts) - 1)]
+
+
 def _job_id(env) -> int:
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
     if not job.isdigit():

@@ -54,10 +54,22 @@ def trainer_ranks(command: list[str]) -> int:
     return 1
 
 
-def default_count(command: list[str]) -> int:
-    """One daemon per core the trainer's ranks leave spare; at least one."""
-    cores = len(os.sched_getaffinity(0))
-    return max(1, cores - trainer_ranks(command))
+def default_count(command: list[str], env=os.environ) -> int:
+    """One daemon per core the trainer's ranks leave spare; at least one.
+
+    Under srun each of the node's tasks runs a `dlop run` of its own: they
+    share the node's CPUs of the job (SLURM_CPUS_ON_NODE) out between them."""
+    cores, tasks = len(os.sched_getaffinity(0)), 1
+    if "SLURM_STEP_ID" in env:
+        from dlop import _slurm
+
+        try:
+            tasks = _slurm.tasks_on_this_node(env)
+        except ValueError as e:
+            raise SystemExit(f"dlop run: {e}") from None
+        cpus = env.get("SLURM_CPUS_ON_NODE") or ""
+        cores = int(cpus) if cpus.isdigit() and int(cpus) > 0 else cores
+    return max(1, (cores - tasks * trainer_ranks(command)) // tasks)
 
 
 def die_with_parent(parent: int) -> None:

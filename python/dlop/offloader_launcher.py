@@ -87,8 +87,7 @@ def _slurm_daemon_args(listen_host: str, rest: list[str], env) -> tuple[str, lis
 
     try:
         port = _slurm.offloader_port(env) + int(env.get("SLURM_LOCALID") or 0)
-        tasks_here = _slurm.tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or "1")
-        tasks_here = tasks_here[min(int(env.get("SLURM_NODEID") or 0), len(tasks_here) - 1)]
+        tasks_here = _slurm.tasks_on_this_node(env)
     except ValueError as e:
         raise SystemExit(f"dlop offloader: {e}") from None
     extra = []

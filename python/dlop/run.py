@@ -135,7 +135,7 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
             p.error("--token-file is for daemons started elsewhere: the local ones get a fresh token")
         if args.wait is not None:
             p.error("--wait is for daemons started elsewhere: dlop run waits for the local ones itself")
-        count = default_count(command) if args.local_offloaders is None else args.local_offloaders
+        count = default_count(command, env) if args.local_offloaders is None else args.local_offloaders
         if count < 1:
             p.error(f"--local-offloaders {count}: at least 1")
         return command, env, count

@@ -13,6 +13,8 @@ slurmd from Debian's packages, each node a network + UTS + mount namespace.
 - Everything runs in the foreground as children of the creator, without
   systemd; :meth:`SlurmCluster.close` stops them and every process left in
   a node's namespace (job steps included), then removes the namespaces.
+  Should the creator die without closing, the daemons get SIGTERM from the
+  kernel (PR_SET_PDEATHSIG), and the next cluster removes what is left.
 
 ``python tests/python/slurm_cluster.py DIR`` brings one up by hand and
 keeps it until Ctrl-C (``export SLURM_CONF=DIR/slurm.conf`` to use it).
@@ -20,6 +22,7 @@ keeps it until Ctrl-C (``export SLURM_CONF=DIR/slurm.conf`` to use it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import secrets
@@ -49,6 +52,32 @@ def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProce
     if check and done.returncode != 0:
         raise RuntimeError(f"'{' '.join(argv)}' failed ({done.returncode}): {done.stderr.strip()}")
     return done
+
+
+def _free_subnet() -> str:
+    """A 10.77.X.0/24 no route of this machine uses (X from the pid first, so concurrent runs differ)."""
+    routes = _run(["ip", "-4", "route", "show"]).stdout
+    for k in range(250):
+        subnet = f"10.77.{(os.getpid() + k) % 250}"
+        if f"{subnet}.0/24" not in routes:
+            return subnet
+    raise RuntimeError("no free 10.77.X.0/24 subnet for the SLURM test cluster")
+
+
+def _kill_all_in(namespace: str) -> None:
+    for pid in _run(["ip", "netns", "pids", namespace], check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _die_with_creator(creator: int) -> None:
+    """preexec_fn: SIGTERM to the daemon when the test process dies, even by SIGKILL (survives exec)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != creator:
+        os._exit(1)
 
 
 def _free_port() -> int:
@@ -117,7 +146,7 @@ class SlurmCluster:
             raise RuntimeError(why)
         self.dir = Path(folder)
         self.tag = f"dls{os.getpid()}"
-        subnet = f"10.77.{os.getpid() % 250}"
+        subnet = _free_subnet()
         self.nodes = [f"n{i + 1}" for i in range(nodes)]
         self.addrs = {n: f"{subnet}.{i + 1}" for i, n in enumerate(self.nodes)}
         self.ctl, self.ctl_addr = "dlopctl", f"{subnet}.254"
@@ -142,11 +171,20 @@ class SlurmCluster:
 
     # ------------------------------------------------------------ set-up
 
-    def _network(self) -> None:
-        for namespace in _run(["ip", "netns", "list"]).stdout.split():  # a crashed run's leftovers
+    @staticmethod
+    def _sweep() -> None:
+        """Removes what a crashed run left: its nodes' processes (job steps), namespaces, bridge and veths."""
+        for namespace in _run(["ip", "netns", "list"]).stdout.split():
             m = re.match(r"dls(\d+)-", namespace)
             if m and not Path(f"/proc/{m.group(1)}").exists():
+                _kill_all_in(namespace)
                 _run(["ip", "netns", "del", namespace], check=False)
+        for link, owner in re.findall(r"^\d+: (dls(\d+)[bv]\d*)[:@]", _run(["ip", "-o", "link", "show"]).stdout, re.M):
+            if not Path(f"/proc/{owner}").exists():
+                _run(["ip", "link", "del", link], check=False)
+
+    def _network(self) -> None:
+        self._sweep()
         _run(["ip", "link", "add", self._bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.ctl_addr}/24", "dev", self._bridge])
         _run(["ip", "link", "set", self._bridge, "up"])
@@ -166,8 +204,10 @@ class SlurmCluster:
         (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
 
     def _start(self, argv: list[str], log: str) -> subprocess.Popen:
+        creator = os.getpid()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=(self.dir / log).open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+                                stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
+                                preexec_fn=lambda: _die_with_creator(creator))
         self._procs.append(proc)
         return proc
 
@@ -224,12 +264,7 @@ class SlurmCluster:
     def close(self) -> None:
         """Stops the daemons and every process in the nodes' namespaces; removes the network. Idempotent."""
         for namespace in self._namespaces:
-            pids = _run(["ip", "netns", "pids", namespace], check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_all_in(namespace)
         for proc in reversed(self._procs):
             if proc.poll() is None:
                 try:

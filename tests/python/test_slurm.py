@@ -56,6 +56,16 @@ def cluster(tmp_path_factory):
         yield c
 
 
+def _reference_keys(data: Path) -> list:
+    """Each sample's (label, digest) as this host's pipeline makes it: what the job's batches must hold."""
+    from dlop._C import offload
+
+    source = offload.open_source(str(data))
+    images, labels, _ = offload.Pipeline(json.dumps(run_test.SPEC)).run_batch(source, list(range(len(source))),
+                                                                             seed=0, epoch=0)
+    return [[int(labels[i]), hashlib.sha1(images[i].tobytes()).hexdigest()[:16]] for i in range(len(source))]
+
+
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -70,15 +80,12 @@ def job(cluster, tmp_path_factory):
     """One sbatch of the template; after the first batch of epoch 1 the offloader component is cancelled.
 
     Returns the job's output, its working folder, the samples' reference keys and what the test saw."""
-    offload = pytest.importorskip("dlop._C").offload
+    pytest.importorskip("dlop._C")
     work = tmp_path_factory.mktemp("job")
     data = work / "images"
     assert dlop_main(["make-dataset", str(data), "--classes", "3", "--per-class", "16", "--seed", "3"]) == 0
     (work / "train.py").write_text(run_test.SCRIPT)
-    source = offload.open_source(str(data))
-    spec = json.dumps(run_test.SPEC)
-    images, labels, _ = offload.Pipeline(spec).run_batch(source, list(range(len(source))), seed=0, epoch=0)
-    keys = [[int(labels[i]), hashlib.sha1(images[i].tobytes()).hexdigest()[:16]] for i in range(len(source))]
+    keys = _reference_keys(data)
 
     gate = work / "go"
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "DLOP_LOG_LEVEL": "info",
@@ -190,20 +197,23 @@ def test_local_offloaders_under_srun_share_the_nodes_cpus_between_its_tasks():
         default_count(["python"], {**step, "SLURM_NODEID": "x"})
 
 
-def test_dlop_offloader_outside_a_job_or_without_the_jobs_token_says_what_is_missing():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLOP_OFFLOAD_TOKEN"))}
-    done = subprocess.run([str(BIN / "dlop"), "offloader"], capture_output=True, text=True, timeout=60, env=env)
-    assert done.returncode != 0 and "--store is required outside a SLURM job" in done.stderr
-    done = subprocess.run([str(BIN / "dlop"), "offloader"], capture_output=True, text=True, timeout=60,
-                          env={**env, "SLURM_JOB_ID": "5"})
-    assert done.returncode != 0 and "no token: DLOP_OFFLOAD_TOKEN_FILE is unset" in done.stderr
+def test_dlop_offloader_outside_a_job_or_without_the_jobs_token_says_what_is_missing(monkeypatch, capsys):
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "DLOP_OFFLOAD_TOKEN"))]:
+        monkeypatch.delenv(name)
+    with pytest.raises(SystemExit):
+        dlop_main(["offloader"])
+    assert "--store is required outside a SLURM job" in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    with pytest.raises(SystemExit, match="no token: DLOP_OFFLOAD_TOKEN_FILE is unset"):
+        dlop_main(["offloader"])
 
 
-def test_dlop_slurm_template_prints_the_shipped_example():
-    done = subprocess.run([str(BIN / "dlop"), "slurm-template"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout == TEMPLATE.read_text()
+def test_dlop_slurm_template_prints_the_shipped_example(capsys):
+    assert dlop_main(["slurm-template"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == TEMPLATE.read_text()
     assert subprocess.run(["bash", "-n", str(TEMPLATE)]).returncode == 0  # it parses as a shell script
-    assert "#SBATCH hetjob" in done.stdout and "srun --het-group=1 dlop offloader" in done.stdout
+    assert "#SBATCH hetjob" in printed and "srun --het-group=1 dlop offloader" in printed
 
 
 # ------------------------------------------------ the cluster
@@ -247,3 +257,35 @@ def test_cancelling_the_offloader_component_mid_epoch_keeps_the_epoch_exactly_on
     per_epoch = len(_plan(keys, 0))
     assert by_daemon + local == EPOCHS * per_epoch
     assert by_daemon > per_epoch and local >= 1  # the daemon made all of epoch 0 and some of epoch 1
+
+
+def test_dlop_run_under_plain_srun_maps_the_ranks_and_starts_local_offloaders(cluster, tmp_path):
+    """`srun -n 2 dlop run -- python train.py` in a job without group 1: each task is a rank of
+    torch.distributed (from srun's variables), with a dlop-offloader of its own on its node."""
+    from dlop._C import offload
+
+    data = tmp_path / "images"
+    assert dlop_main(["make-dataset", str(data), "--classes", "3", "--per-class", "4", "--seed", "2"]) == 0
+    (tmp_path / "train.py").write_text(run_test.SCRIPT)
+    env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = cluster.run(["sbatch", "--parsable", f"--chdir={tmp_path}", "--nodes=1", "--ntasks=2", "--wrap",
+                        f"srun dlop run -- python train.py {data}"], env=env)
+    assert done.returncode == 0, done.stderr
+    jid = done.stdout.strip()
+    output = tmp_path / f"slurm-{jid}.out"
+    try:
+        wait_for(lambda: _job_state(cluster, jid) in ENDED, DEADLINE, "the job to end", [output])
+    finally:
+        if _job_state(cluster, jid) not in ENDED:
+            cluster.run(["scancel", jid])
+    out = output.read_text()
+    assert _job_state(cluster, jid) == "COMPLETED", out
+    assert out.count("dlop run: started 1 local dlop-offloader daemon(s)") == 2, out
+    assert out.count("dlop run: 4 batches made by dlop-offloader, 0 made locally") == 2, out
+    ranks = run_test.results(out)
+    assert [r["rank"] for r in ranks] == [0, 1]  # RANK and WORLD_SIZE from SLURM_PROCID and SLURM_NTASKS
+    keys = _reference_keys(data)
+    for epoch in range(EPOCHS):
+        for r in ranks:  # sharded as DistributedSampler shards between 2 ranks, each sample once
+            plan = offload.EpochPlan(len(keys), BATCH, 0, True, False, r["rank"], 2).batches(epoch)
+            assert r["epochs"][epoch] == [[keys[i] for i in batch] for batch in plan]

@@ -90,6 +90,8 @@ class Candidates:
 def wait_for_any(candidates: Candidates, timeout: float, poll: float = 0.2) -> tuple[list[str], str]:
     """(the candidates that answer, why none did: "" when some do), trying until `timeout` has passed
     (one round when it is 0)."""
+    if not (candidates.addresses or candidates.names):
+        return [], "no offloader address or name was given"
     deadline = time.monotonic() + timeout
     while True:
         addresses = candidates()
@@ -102,7 +104,7 @@ def wait_for_any(candidates: Candidates, timeout: float, poll: float = 0.2) -> t
         return ready, ""
     failures = [f"{a} ({w})" for a, w in why.items()] + [f"{n}: {e}" for n, e in candidates.errors.items()]
     waited = f" within {timeout:g} s" if timeout > 0 else ""
-    return [], f"no offloader answered{waited}: " + ("; ".join(failures) or "no address")
+    return [], f"no offloader answered{waited}: " + ("; ".join(failures) or "the names resolve to no address")
 
 
 class Watcher:

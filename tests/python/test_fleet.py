@@ -83,6 +83,19 @@ def test_waiting_names_every_address_tried_and_every_name_that_failed():
     assert why.startswith("no offloader answered: ") and dead in why and "no-such-host.invalid does not resolve" in why
 
 
+def test_waiting_returns_once_an_offloader_starts_listening():
+    with socket.socket() as late:
+        late.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{late.getsockname()[1]}"
+        threading.Timer(0.3, late.listen).start()
+        ready, why = fleet.wait_for_any(fleet.Candidates([address], []), 60)
+    assert ready == [address] and why == ""
+
+
+def test_waiting_for_nothing_returns_at_once():
+    assert fleet.wait_for_any(fleet.Candidates([], []), 3600) == ([], "no offloader address or name was given")
+
+
 def test_the_watcher_reports_an_address_once_when_it_starts_answering():
     with socket.socket() as late:
         late.bind(("127.0.0.1", 0))

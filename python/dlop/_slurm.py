@@ -168,7 +168,8 @@ def torch_env(env) -> dict[str, str]:
     bad = [f"{n}={v!r}" for n, v in values.items() if not v.isdigit()]
     if bad:
         raise ValueError(f"{', '.join(bad)}: not a number")
-    mapped = {"RANK": values["SLURM_PROCID"], "WORLD_SIZE": values["SLURM_NTASKS"], "LOCAL_RANK": values["SLURM_LOCALID"]}
+    mapped = {"RANK": values["SLURM_PROCID"], "WORLD_SIZE": values["SLURM_NTASKS"],
+              "LOCAL_RANK": values["SLURM_LOCALID"]}
     addr, port = master_addr(env), master_port(env)
     if addr is not None:
         mapped["MASTER_ADDR"] = addr

@@ -34,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue", "sinfo", "nsenter", "unshare", "ip")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue", "sinfo", "nsenter",
+            "unshare", "ip")
 
 
 def unavailable() -> str | None:

@@ -209,6 +209,6 @@ def test_dlop_run_uses_every_offloader_behind_a_name(tmp_path):
 
 
 def test_dlop_run_refuses_a_malformed_name():
-    done = subprocess.run([str(BIN / "dlop"), "run", "--offloaders-dns", "offloaders", "--token-file", "t", "--", "true"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(BIN / "dlop"), "run", "--offloaders-dns", "offloaders", "--token-file", "t", "--",
+                           "true"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--offloaders-dns 'offloaders' is not NAME:PORT" in done.stderr

@@ -188,7 +188,8 @@ def test_dlop_run_in_a_het_job_step_takes_the_offloaders_and_ranks_from_the_job(
 def test_local_offloaders_under_srun_share_the_nodes_cpus_between_its_tasks():
     from dlop.local_offloaders import default_count
 
-    step = {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2,4(x2)", "SLURM_NODEID": "1", "SLURM_CPUS_ON_NODE": "32"}
+    step = {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2,4(x2)", "SLURM_NODEID": "1",
+            "SLURM_CPUS_ON_NODE": "32"}
     assert default_count(["python", "train.py"], step) == (32 - 4) // 4  # 4 tasks here, each 1 rank
     assert default_count(["torchrun", "--nproc-per-node", "2", "t.py"], step) == (32 - 4 * 2) // 4
     assert default_count(["python"], {**step, "SLURM_NODEID": "0"}) == (32 - 2) // 2

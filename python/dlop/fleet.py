@@ -60,10 +60,19 @@ def answers(address: str, timeout: float = 1.0) -> str | None:
     """None when something accepts a TCP connection at address, else why not."""
     host, port = split_host_port(address)
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
+        s = socket.create_connection((host, port), timeout=timeout)
     except OSError as e:
         return e.strerror or str(e) or type(e).__name__
+    # Leave as a client that is done: say so, then read to the daemon's close. Closing
+    # with what it sent unread would reset the connection, which reads as a network fault.
+    with s:
+        try:
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+    return None
 
 
 class Candidates:

@@ -80,10 +80,25 @@ def test_the_pieces_fit_together():
     assert all((FOLDER / f).exists() for f in listed) and "token-secret.yaml" not in listed
 
 
-def test_the_offloader_container_command_starts_a_daemon_from_a_mounted_secret(tmp_path):
+def _daemon() -> Path:
     exe = Path(sys.executable).parent / "dlop-offloader"
     if not os.access(exe, os.X_OK):
         pytest.skip("dlop-offloader is not built (make build)")
+    return exe
+
+
+def test_the_shipped_secrets_placeholder_is_refused_as_a_token(tmp_path):
+    """Applied by mistake, the example Secret must not give a fleet a token everyone knows."""
+    token = tmp_path / "token"
+    token.write_text(_load("token-secret.yaml")["stringData"]["token"])
+    token.chmod(0o600)
+    done = subprocess.run([str(_daemon()), "--listen", "127.0.0.1:0", "--token-file", str(token)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "a token needs at least" in done.stderr
+
+
+def test_the_offloader_container_command_starts_a_daemon_from_a_mounted_secret(tmp_path):
+    exe = _daemon()
     deployment = _load("offloader-deployment.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     secret_dir, run_dir = tmp_path / "secret", tmp_path / "run"

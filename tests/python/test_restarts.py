@@ -300,11 +300,14 @@ def test_a_node_leaves_and_joins_under_elastic_membership(tmp_path, reference):
         assert same_weights(final_weights(tmp_path), reference(1, replicated=True)) == [], why
 
 
+@pytest.mark.skipif(os.environ.get("DLOP_TEST_GLOO_RESTARTS") != "1",
+                    reason="a comparison, not a check: DLOP_TEST_GLOO_RESTARTS=1 runs it")
 def test_gloo_on_the_same_restart_test(tmp_path, reference):
-    """For comparison only: Gloo on the static-2ranks plan (its first GLOO_ROUNDS kills). Gloo
-    reads the earlier attempt's addresses from the store, so some restarts fail in connectFullMesh,
-    each costing a restart; it passes only where every kill was made and the job still ended at
-    the uninterrupted weights. Its figures are printed, and a failure is an xfail."""
+    """For comparison only, so not part of `make test`: Gloo on the static-2ranks plan (its first
+    GLOO_ROUNDS kills). Gloo reads the earlier attempt's addresses from the store, so some restarts
+    fail in connectFullMesh, each costing a restart; it passes only where every kill was made and
+    the job still ended at the uninterrupted weights. Its figures are printed, and a failure is an
+    xfail."""
     nproc = 2
     plan = kill_plan(ROUNDS, nproc, random.Random(SEED + nproc))[:GLOO_ROUNDS]
     job, code = run_restarts(tmp_path, nproc, "static", "gloo", plan)

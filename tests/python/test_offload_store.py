@@ -98,6 +98,7 @@ def data(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def s3(data):
+    boto3 = pytest.importorskip("boto3")
     (data["base"] / "s3").mkdir()
     server = S3Server(data["base"] / "s3", data["base"] / "rclone.log")
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -105,7 +106,6 @@ def s3(data):
     os.environ.update({"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": ACCESS,
                        "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"})
     os.environ.pop("AWS_SESSION_TOKEN", None)
-    boto3 = pytest.importorskip("boto3")
     client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=ACCESS,
                           aws_secret_access_key=SECRET, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
@@ -416,3 +416,24 @@ def test_a_list_of_local_shards_in_the_local_fallback(shards):
         loader = OffloadLoader(tars, SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{_free_port()}"],
                                token=TOKEN, connect_timeout=1.0)
     assert _epoch(loader, 4) == want
+
+
+def test_an_s3_shard_epoch_resumes_from_a_state_dict(shards, daemon):
+    want = batches(offload.open_source(str(shards["local"])), 5)
+
+    def loader():
+        return OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)
+
+    first = loader()
+    first.set_epoch(5)
+    got = []
+    for x, y in first:
+        got.append((x.numpy().tobytes(), y.numpy().tobytes()))
+        if len(got) == 3:
+            break
+    state = first.state_dict()
+    assert state["epoch"] == 5 and state["position"] == 3
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got += [(x.numpy().tobytes(), y.numpy().tobytes()) for x, y in resumed]
+    assert got == want

@@ -119,7 +119,10 @@ std::string pax_path(std::string_view records) {
 struct Member {
   std::string path;
   std::uint64_t offset, size;
+  std::string text;  // the bytes of a .cls member (read with the headers, through the same window)
 };
+
+bool is_label(const std::string& path) { return lower(path).ends_with(".cls"); }
 
 // Every regular file of one tar, in order.
 std::vector<Member> tar_members(const ObjectReader& shard) {
@@ -147,7 +150,11 @@ std::vector<Member> tar_members(const ObjectReader& shard) {
       const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       next_path = type == 'L' ? std::string(text.c_str()) : pax_path(text);
     } else if (type == '0' || type == '\0' || type == '7') {
-      out.push_back({path, data, size});
+      out.push_back({path, data, size, {}});
+      if (is_label(path) && size <= 4096) {
+        const auto bytes = in.get(data, size);
+        out.back().text.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }
     }
     at = data + (size + kBlock - 1) / kBlock * kBlock;
   }
@@ -201,7 +208,6 @@ TarShards::TarShards(const std::string& spec, MediaKind kind) : locations_(expan
     shards_.push_back(open_object(locations_[s]));
     const ObjectReader& shard = *shards_.back();
     const std::vector<Member> members = tar_members(shard);
-    WindowReader in(shard);
     // One sample per run of members with one key.
     for (std::size_t m = 0; m < members.size();) {
       const auto key_of = [](const std::string& path) {
@@ -216,8 +222,7 @@ TarShards::TarShards(const std::string& spec, MediaKind kind) : locations_(expan
         const std::string ext = key_of(members[m].path).second;
         if (bytes == nullptr && wanted.contains(ext)) bytes = &members[m];
         if (ext == "cls" && !label) {
-          const auto text = in.get(members[m].offset, members[m].size);
-          std::string t(reinterpret_cast<const char*>(text.data()), text.size());
+          std::string t = members[m].text;
           t.erase(0, t.find_first_not_of(" \t\r\n"));
           t.erase(t.find_last_not_of(" \t\r\n") + 1);
           label = t;
@@ -227,7 +232,7 @@ TarShards::TarShards(const std::string& spec, MediaKind kind) : locations_(expan
         throw_error(Errc::kInvalidArgument, fmt::format("shard {}: sample {}: {}", shard.location(), key, why));
       };
       if (bytes == nullptr) fail(fmt::format("no member with one of the extensions {}", fmt::join(wanted, ", ")));
-      if (!label || label->empty()) fail("no .cls member (its label)");
+      if (!label || label->empty()) fail("no .cls member (its label: an integer or a name, at most 4096 bytes)");
       samples_.push_back({s, bytes->offset, bytes->size, 0, bytes->path});
       label_text.push_back(*label);
     }

@@ -248,8 +248,11 @@ def daemon(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    proc = subprocess.Popen([_offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
-                             "--threads", "1"], stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "daemon.log"  # at info: its store retries show there
+    with open(log, "w") as err:
+        proc = subprocess.Popen([_offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
+                                 "--threads", "1"], stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=dict(os.environ, DLOP_LOG_LEVEL="info"))
     line = proc.stdout.readline()
     assert "listening on" in line, line
     yield "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
@@ -267,7 +270,7 @@ def _epoch(loader, epoch: int, on_batch=None) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon):
+def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp_path):
     want = batches(offload.open_source(str(data["local"])), 3)
     loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN,
                            prefetch=2)
@@ -286,6 +289,8 @@ def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon):
         for t in restart:
             t.join()
     assert got == want  # every batch once, in order, byte-identical
+    log = (tmp_path / "daemon.log").read_text()
+    assert "s3://train/images/train.dlop" in log and "retrying" in log, "the daemon never met the outage"
 
 
 def test_local_fallback_reads_the_store(data, s3):

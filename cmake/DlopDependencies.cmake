@@ -22,6 +22,8 @@ pkg_check_modules(FFMPEG REQUIRED IMPORTED_TARGET libavformat libavcodec libavut
 pkg_check_modules(AUDIO REQUIRED IMPORTED_TARGET sndfile soxr kissfft-float)
 # dlop-offloader's control connection: HMAC-SHA256 and nonces (libcrypto).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# Sources in object stores and on HTTP(S) servers (offload/src/store: SigV4 signing).
+find_package(CURL REQUIRED)
 
 find_package(MPI COMPONENTS C QUIET)
 set(DLOP_HAVE_MPI ${MPI_C_FOUND})

@@ -219,10 +219,14 @@ void bind_sources(py::module_& m) {
       // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
       // pybind11 without stl/filesystem.h.
       "open_source",
-      [](const std::string& p, const std::string& kind) { return std::shared_ptr<Source>(open_source(p, media_kind(kind))); },
+      [](const std::string& p, const std::string& kind) {
+        const MediaKind k = media_kind(kind);
+        py::gil_scoped_release release;  // a remote source may wait out a store's outage
+        return std::shared_ptr<Source>(open_source(p, k));
+      },
       py::arg("path"), py::arg("kind") = "image",
       "a folder opens as a folder by class of that kind (torchvision's order and labels), a .csv or .jsonl file as "
-      "a manifest, any other file as a record file");
+      "a manifest, any other file, or an s3:// or http(s):// URL, as a record file");
   m.def(
       "pack",
       [](const std::string& root, const std::string& out, const std::string& kind) {

@@ -73,6 +73,13 @@ Config Config::from_env() {
     // 0: whole batches; below the protocol's least piece, the daemon refuses it by name.
     c.data_piece_bytes = static_cast<std::size_t>(parse_count("DLOP_DATA_PIECE_BYTES", v));
   }
+  if (const char* v = env("DLOP_STORE_RETRY_MS")) {
+    c.store_retry = std::chrono::milliseconds(parse_count("DLOP_STORE_RETRY_MS", v));
+  }
+  if (const char* v = env("DLOP_STORE_CACHE_DIR")) c.store_cache_dir = v;
+  if (const char* v = env("DLOP_STORE_CACHE_BYTES")) {
+    c.store_cache_bytes = static_cast<std::uint64_t>(parse_count("DLOP_STORE_CACHE_BYTES", v));
+  }
   if (c.watchdog.count() == 0) {
     throw_error(Errc::kInvalidArgument, "DLOP_WATCHDOG_MS must be at least 1");
   }

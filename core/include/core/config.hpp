@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace dlop {
@@ -25,6 +26,9 @@ struct Config {
   std::string trace_dir;                          // DLOP_TRACE: write a Chrome trace per process here
   std::size_t data_rate_mbps = 1000;              // DLOP_DATA_RATE_MBPS: offloaded batches' MB/s while gradients move
   std::size_t data_piece_bytes = 0;               // DLOP_DATA_PIECE_BYTES: paced batches travel in pieces (0: whole)
+  std::chrono::milliseconds store_retry{60'000};  // DLOP_STORE_RETRY_MS: the most a remote read retries in all
+  std::string store_cache_dir;                    // DLOP_STORE_CACHE_DIR: cache remote ranges here (empty: no cache)
+  std::uint64_t store_cache_bytes = 4ull << 30;   // DLOP_STORE_CACHE_BYTES: the cache's size limit
 
   // Reads the environment; throws dlop::Error naming the variable on a bad value.
   static Config from_env();

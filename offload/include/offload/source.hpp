@@ -26,6 +26,10 @@ struct TimeSpan {
   bool operator==(const TimeSpan&) const = default;
 };
 
+// The file name extensions (lower case, with the dot) a folder of `kind`
+// keeps.
+const std::vector<std::string>& media_extensions(MediaKind kind);
+
 // A read-only, indexed collection of encoded samples with integer labels.
 // All methods are const and thread-safe.
 class Source {
@@ -128,7 +132,9 @@ class Manifest final : public Source {
 std::span<const std::uint8_t> read_file(const std::string& path, std::vector<std::uint8_t>& scratch);
 
 // A packed record file (format in offload/src/source/record_format.hpp),
-// mapped read-only. Opening checks the header, the index checksum and every
+// mapped read-only; or a remote one (an s3:// or http(s):// URL,
+// object_store.hpp), whose header and index are read once and each record by
+// a ranged read. Opening checks the header, the index checksum and every
 // index entry's bounds, so a malformed file is a clear dlop::Error at open;
 // each read checks the record's CRC-32 (a mismatch is a SampleError).
 class RecordFile final : public Source {
@@ -150,15 +156,67 @@ class RecordFile final : public Source {
   std::uint32_t version() const;
 
  private:
-  // Record i's bytes, sidecar included, after its checksum is checked.
-  std::span<const std::uint8_t> record(std::size_t i) const;
+  // Record i's bytes, sidecar included, after its checksum is checked (in
+  // scratch when the file is remote).
+  std::span<const std::uint8_t> record(std::size_t i, std::vector<std::uint8_t>& scratch) const;
+  void load_classes();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> classes_;
 };
 
-// Opens a folder as a FolderSource of `kind`, a .csv or .jsonl file as a
-// Manifest, and any other file as a RecordFile.
+class ObjectReader;
+
+// WebDataset-style tar shards: each shard a tar file whose members are
+// grouped into samples by key (a member's path up to the first '.' of its
+// file name), consecutive members with one key making one sample. A
+// sample's bytes are its first member with one of the kind's extensions
+// (FolderSource's, without the dot: jpg, jpeg, png; mp4...; wav, flac...);
+// its label is its .cls member: an integer, or a class name (classes follow
+// Manifest's rule). Shards are local paths or s3:// / http(s):// URLs:
+// `spec` is one shard, a folder of .tar files (sorted by name), or several
+// specs joined by "::"; each may hold brace ranges and lists,
+// "train-{000..015}.tar", "{a,b}.tar". Opening reads every shard's tar
+// headers (only those: a member's bytes are skipped, by one ranged read per
+// large member for a remote shard); a sample is then one ranged read.
+// Malformed tar headers, and a sample without bytes of the kind or without a
+// label, are errors naming the shard and the key.
+class TarShards final : public Source {
+ public:
+  TarShards(const std::string& spec, MediaKind kind);
+  ~TarShards() override;
+  std::size_t size() const override { return samples_.size(); }
+  const std::vector<std::string>& classes() const override { return classes_; }
+  std::int64_t label(std::size_t i) const override;
+  std::string name(std::size_t i) const override;
+  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  const std::vector<std::string>& shards() const { return locations_; }
+
+ private:
+  struct Sample {
+    std::uint32_t shard;
+    std::uint64_t offset;  // of the member's bytes in its shard
+    std::uint64_t size;
+    std::int64_t label;
+    std::string member;  // its path in the tar
+  };
+  const Sample& at(std::size_t i) const;
+  std::vector<std::string> locations_;
+  std::vector<std::unique_ptr<ObjectReader>> shards_;
+  std::vector<std::string> classes_;
+  std::vector<Sample> samples_;
+};
+
+// The shards a TarShards spec names, in order (its brace and "::" rules; a
+// local folder becomes its .tar files).
+std::vector<std::string> expand_shards(const std::string& spec);
+// Whether open_source reads `location` as tar shards: it ends in .tar, holds
+// "::", or is a local folder holding .tar files.
+bool names_tar_shards(const std::string& location);
+
+// Opens tar shards (names_tar_shards) as TarShards, a folder as a
+// FolderSource of `kind`, a .csv or .jsonl file as a Manifest, and any other
+// file, or any s3:// or http(s):// URL, as a RecordFile.
 std::unique_ptr<Source> open_source(const std::filesystem::path& path, MediaKind kind = MediaKind::kImage);
 
 struct PackStats {
@@ -178,7 +236,8 @@ using MakeSidecar = std::function<std::vector<std::uint8_t>(std::span<const std:
 // A file that cannot be read fails the pack.
 PackStats pack_source(const Source& source, const std::filesystem::path& out, const MakeSidecar& sidecar = {});
 // A folder of `kind` or a manifest (open_source's rules) into `out`; video
-// records carry their frame index.
+// records carry their frame index. An s3:// or http(s):// `out` is packed
+// into a temporary file, then uploaded with one PUT.
 PackStats pack_path(const std::filesystem::path& in, const std::filesystem::path& out, MediaKind kind);
 PackStats pack_image_folder(const std::filesystem::path& root, const std::filesystem::path& out);
 

@@ -8,19 +8,20 @@
 #include <system_error>
 
 #include "offload/image.hpp"
+#include "offload/object_store.hpp"
 #include "offload/source.hpp"
 
 namespace dlop::offload {
 namespace fs = std::filesystem;
 
-namespace {
-
-const std::vector<std::string>& extensions(MediaKind kind) {
+const std::vector<std::string>& media_extensions(MediaKind kind) {
   static const std::vector<std::string> image{".jpg", ".jpeg", ".png"};
   static const std::vector<std::string> video{".mp4", ".mkv", ".webm", ".mov", ".avi"};
   static const std::vector<std::string> audio{".wav", ".flac", ".ogg", ".opus", ".mp3"};
   return kind == MediaKind::kImage ? image : kind == MediaKind::kVideo ? video : audio;
 }
+
+namespace {
 
 bool has_extension(const fs::path& p, const std::vector<std::string>& wanted) {
   std::string ext = p.extension().string();
@@ -50,7 +51,7 @@ void collect(const fs::path& root, const std::string& class_name, std::int64_t l
   for (const std::string& folder : folders) {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(root / folder, ec)) {
-      if (!entry.is_directory(ec) && has_extension(entry.path(), extensions(kind))) names.push_back(entry.path().filename().string());
+      if (!entry.is_directory(ec) && has_extension(entry.path(), media_extensions(kind))) names.push_back(entry.path().filename().string());
     }
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) out.emplace_back(folder + "/" + name, label);
@@ -80,7 +81,7 @@ FolderSource::FolderSource(const fs::path& root, MediaKind kind) : root_(root) {
   }
   if (!empty.empty()) {
     throw_error(Errc::kInvalidArgument,
-                fmt::format("ImageFolder: no {} file in class folder(s) {} of {}", or_list(extensions(kind)),
+                fmt::format("ImageFolder: no {} file in class folder(s) {} of {}", or_list(media_extensions(kind)),
                             fmt::join(empty, ", "), root.string()));
   }
   files_.reserve(files.size());
@@ -117,9 +118,17 @@ std::span<const std::uint8_t> FolderSource::read(std::size_t i, std::vector<std:
 }
 
 std::unique_ptr<Source> open_source(const fs::path& path, MediaKind kind) {
+  if (names_tar_shards(path.string())) return std::make_unique<TarShards>(path.string(), kind);
+  const std::string ext = path.extension().string();
+  if (is_remote(path.string())) {
+    if (ext == ".csv" || ext == ".jsonl") {
+      throw_error(Errc::kInvalidArgument, fmt::format("{}: a manifest is read from a local file (its samples may not be)",
+                                                      path.string()));
+    }
+    return std::make_unique<RecordFile>(path);
+  }
   std::error_code ec;
   if (fs::is_directory(path, ec)) return std::make_unique<FolderSource>(path, kind);
-  const std::string ext = path.extension().string();
   if (ext == ".csv" || ext == ".jsonl") return std::make_unique<Manifest>(path);
   return std::make_unique<RecordFile>(path);
 }

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "offload/image.hpp"
 #include "offload/source.hpp"
+#include "class_list.hpp"
 
 namespace dlop::offload {
 namespace fs = std::filesystem;
@@ -157,13 +158,26 @@ std::vector<RawLine> read_jsonl(std::istream& in, const fs::path& file) {
   return out;
 }
 
-bool is_integer(const std::string& s) {
-  long long v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  return !s.empty() && ec == std::errc() && end == s.data() + s.size() && v >= 0;
-}
-
 }  // namespace
+
+std::vector<std::string> class_list(const std::set<std::string>& names, std::map<std::string, std::int64_t>& class_of) {
+  const auto is_integer = [](const std::string& s) {
+    long long v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return !s.empty() && ec == std::errc() && end == s.data() + s.size() && v >= 0;
+  };
+  std::vector<std::string> classes;
+  if (std::all_of(names.begin(), names.end(), is_integer)) {
+    long long most = -1;
+    for (const std::string& s : names) most = std::max(most, std::stoll(s));
+    for (long long c = 0; c <= most; ++c) classes.push_back(std::to_string(c));
+    for (const std::string& s : names) class_of[s] = std::stoll(s);
+  } else {
+    classes.assign(names.begin(), names.end());
+    for (std::size_t c = 0; c < classes.size(); ++c) class_of[classes[c]] = static_cast<std::int64_t>(c);
+  }
+  return classes;
+}
 
 Manifest::Manifest(const fs::path& path) {
   std::ifstream in(path);
@@ -171,24 +185,10 @@ Manifest::Manifest(const fs::path& path) {
   std::vector<RawLine> lines = path.extension() == ".jsonl" ? read_jsonl(in, path) : read_csv(in, path);
   if (lines.empty()) throw_error(Errc::kInvalidArgument, fmt::format("manifest {}: no samples", path.string()));
 
-  bool all_integers = true;
   std::set<std::string> names;
-  for (const RawLine& l : lines) {
-    for (const std::string& s : l.labels) {
-      all_integers = all_integers && is_integer(s);
-      names.insert(s);
-    }
-  }
+  for (const RawLine& l : lines) names.insert(l.labels.begin(), l.labels.end());
   std::map<std::string, std::int64_t> class_of;
-  if (all_integers) {
-    long long most = -1;
-    for (const std::string& s : names) most = std::max(most, std::stoll(s));
-    for (long long c = 0; c <= most; ++c) classes_.push_back(std::to_string(c));
-    for (const std::string& s : names) class_of[s] = std::stoll(s);
-  } else {
-    classes_.assign(names.begin(), names.end());
-    for (std::size_t c = 0; c < classes_.size(); ++c) class_of[classes_[c]] = static_cast<std::int64_t>(c);
-  }
+  classes_ = class_list(names, class_of);
   const fs::path base = path.parent_path();
   for (std::size_t i = 0; i < lines.size(); ++i) {
     RawLine& l = lines[i];

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "offload/object_store.hpp"
 #include "offload/source.hpp"
 #include "offload/video.hpp"
 #include "record_format.hpp"
@@ -142,7 +143,19 @@ PackStats pack_path(const fs::path& in, const fs::path& out, MediaKind kind) {
       return scan_frame_index(bytes, name).serialize();
     };
   }
-  return pack_source(*source, out, sidecar);
+  if (!is_remote(out.string())) return pack_source(*source, out, sidecar);
+  // To a store: packed into a local file first (the index is written last,
+  // so the file cannot stream out as it is made), then one PUT.
+  const fs::path local = fs::temp_directory_path() / fmt::format("dlop-pack-{}.dlop", ::getpid());
+  try {
+    const PackStats stats = pack_source(*source, local, sidecar);
+    put_object(out.string(), local);
+    fs::remove(local);
+    return stats;
+  } catch (...) {
+    fs::remove(local, ec);
+    throw;
+  }
 }
 
 PackStats pack_image_folder(const fs::path& root, const fs::path& out) { return pack_source(ImageFolder(root), out); }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "offload/image.hpp"
+#include "offload/object_store.hpp"
 #include "offload/source.hpp"
 #include "record_format.hpp"
 
@@ -31,6 +32,11 @@ std::uint32_t record::crc32(const void* data, std::uint64_t size, std::uint32_t 
 
 struct RecordFile::Impl {
   std::string path;
+  // A local file is mapped whole (base, size); a remote one has its header
+  // and meta section in `head` (base points there) and its records read by
+  // ranges from `remote`.
+  std::unique_ptr<ObjectReader> remote;
+  std::vector<std::uint8_t> head;
   const std::uint8_t* base = nullptr;
   std::size_t size = 0;
   record::FileHeader header{};
@@ -51,10 +57,12 @@ struct RecordFile::Impl {
   bool string_ok(std::uint32_t offset, std::uint32_t length) const {
     return static_cast<std::uint64_t>(offset) + length <= strings_size;
   }
-  void check();
+  void check_header();
+  void check_meta();
+  void open_remote();
 };
 
-void RecordFile::Impl::check() {
+void RecordFile::Impl::check_header() {
   using record::FileHeader;
   if (size < sizeof(FileHeader)) malformed(fmt::format("{} bytes, shorter than the {}-byte header", size, sizeof(FileHeader)));
   std::memcpy(&header, base, sizeof header);
@@ -78,6 +86,9 @@ void RecordFile::Impl::check() {
       header.num_classes > (header.meta_size - header.num_records * sizeof(record::IndexEntry)) / sizeof(record::ClassEntry)) {
     malformed("index larger than its section");
   }
+}
+
+void RecordFile::Impl::check_meta() {
   if (record::crc32(base + header.meta_offset, header.meta_size) != header.meta_crc) malformed("index checksum mismatch");
   const std::uint8_t* meta = base + header.meta_offset;
   index = reinterpret_cast<const record::IndexEntry*>(meta);
@@ -102,7 +113,7 @@ void RecordFile::Impl::check() {
   }
   strings = reinterpret_cast<const char*>(rest);
   strings_size = rest_size;
-  data = base + header.data_offset;
+  data = remote ? nullptr : base + header.data_offset;
   for (std::uint64_t c = 0; c < header.num_classes; ++c) {
     if (!string_ok(classes[c].name_offset, classes[c].name_length)) malformed(fmt::format("class {}: name out of bounds", c));
   }
@@ -135,8 +146,27 @@ void RecordFile::Impl::check() {
   }
 }
 
+// Two ranged reads: the header, then the meta section it locates.
+void RecordFile::Impl::open_remote() {
+  remote = open_object(path);
+  size = static_cast<std::size_t>(remote->size());
+  head.resize(std::min<std::size_t>(size, sizeof(record::FileHeader)));
+  remote->read(0, head);
+  base = head.data();
+  check_header();
+  head.resize(header.data_offset);
+  remote->read(0, head);
+  base = head.data();
+  check_meta();
+}
+
 RecordFile::RecordFile(const std::filesystem::path& path) : impl_(std::make_unique<Impl>()) {
   impl_->path = path.string();
+  if (is_remote(impl_->path)) {
+    impl_->open_remote();
+    load_classes();
+    return;
+  }
   const int fd = ::open(impl_->path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno(fmt::format("record file {}: cannot open", impl_->path));
   struct stat st {};
@@ -155,11 +185,16 @@ RecordFile::RecordFile(const std::filesystem::path& path) : impl_(std::make_uniq
   }
   ::close(fd);
   try {
-    impl_->check();
+    impl_->check_header();
+    impl_->check_meta();
   } catch (...) {
     if (impl_->base != nullptr) ::munmap(const_cast<std::uint8_t*>(impl_->base), impl_->size);
     throw;
   }
+  load_classes();
+}
+
+void RecordFile::load_classes() {
   const auto* classes = reinterpret_cast<const record::ClassEntry*>(impl_->index + impl_->header.num_records);
   for (std::uint64_t c = 0; c < impl_->header.num_classes; ++c) {
     classes_.push_back(impl_->string_at(classes[c].name_offset, classes[c].name_length));
@@ -167,7 +202,7 @@ RecordFile::RecordFile(const std::filesystem::path& path) : impl_(std::make_uniq
 }
 
 RecordFile::~RecordFile() {
-  if (impl_->base != nullptr) ::munmap(const_cast<std::uint8_t*>(impl_->base), impl_->size);
+  if (impl_->base != nullptr && !impl_->remote) ::munmap(const_cast<std::uint8_t*>(impl_->base), impl_->size);
 }
 
 std::size_t RecordFile::size() const { return static_cast<std::size_t>(impl_->header.num_records); }
@@ -183,20 +218,25 @@ std::string RecordFile::name(std::size_t i) const {
   return fmt::format("{}[{}] {}", impl_->path, i, impl_->string_at(impl_->index[i].name_offset, impl_->index[i].name_length));
 }
 
-std::span<const std::uint8_t> RecordFile::record(std::size_t i) const {
+std::span<const std::uint8_t> RecordFile::record(std::size_t i, std::vector<std::uint8_t>& scratch) const {
   if (i >= size()) throw_error(Errc::kInvalidArgument, fmt::format("record file {}: index {} out of range", impl_->path, i));
   const record::IndexEntry& e = impl_->index[i];
   const std::uint8_t* p = impl_->data + e.offset;
+  if (impl_->remote) {
+    scratch.resize(static_cast<std::size_t>(e.length));
+    impl_->remote->read(impl_->header.data_offset + e.offset, scratch);
+    p = scratch.data();
+  }
   if (record::crc32(p, e.length) != e.crc) throw SampleError(name(i), "record checksum mismatch (corrupt record file)");
   return {p, static_cast<std::size_t>(e.length)};
 }
 
-std::span<const std::uint8_t> RecordFile::read(std::size_t i, std::vector<std::uint8_t>& /*scratch*/) const {
-  return record(i).subspan(impl_->index[i].sidecar_length);
+std::span<const std::uint8_t> RecordFile::read(std::size_t i, std::vector<std::uint8_t>& scratch) const {
+  return record(i, scratch).subspan(impl_->index[i].sidecar_length);
 }
 
-std::span<const std::uint8_t> RecordFile::sidecar(std::size_t i, std::vector<std::uint8_t>& /*scratch*/) const {
-  return record(i).first(impl_->index[i].sidecar_length);
+std::span<const std::uint8_t> RecordFile::sidecar(std::size_t i, std::vector<std::uint8_t>& scratch) const {
+  return record(i, scratch).first(impl_->index[i].sidecar_length);
 }
 
 bool RecordFile::multi_label() const { return impl_->multi_label; }

@@ -123,8 +123,10 @@ def _python_worker_batch(indices: list[int], seed: int, epoch: int) -> bytes:
 class OffloadLoader:
     """Yields ``(samples, labels)`` torch tensors for this rank, one epoch per iteration.
 
-    Native: ``source`` (a folder by class, a CSV/JSONL manifest or a record
-    file) and ``transform`` (a transform spec whose "kind" is "image", the
+    Native: ``source`` (a folder by class, a CSV/JSONL manifest, a record
+    file, WebDataset-style tar shards: a folder of them, a path, a brace
+    pattern or a list; record files and shards may be ``s3://`` or
+    ``http(s)://`` URLs, docs/offload.md) and ``transform`` (a transform spec whose "kind" is "image", the
     default, "video" or "audio") run in C++ on the daemons. Images are
     N x C x H x W, clips N x views x C x T x H x W (or T before C), audio
     N x mels x frames padded to the batch's longest, yielded as
@@ -155,7 +157,7 @@ class OffloadLoader:
 
     def __init__(
         self,
-        source: str | os.PathLike | None = None,
+        source: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
         transform: str | dict | None = None,
         batch_size: int = 1,
         shuffle: bool = True,
@@ -184,7 +186,9 @@ class OffloadLoader:
         else:
             if transform is None:
                 raise ValueError("OffloadLoader: a native source needs a transform spec")
-            self.source = os.fspath(source)
+            # A list of shards travels as one spec, joined by "::" (webdataset's separator).
+            self.source = ("::".join(map(os.fspath, source)) if isinstance(source, (list, tuple))
+                           else os.fspath(source))
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
             self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
             self._dataset_size = None

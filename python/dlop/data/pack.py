@@ -63,7 +63,8 @@ def _pack_with_bar(pack_fn, root: str, out: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlop.data.pack", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="a folder with one sub-folder per class, or a .csv/.jsonl manifest")
-    parser.add_argument("out", help="record file to write (replaced atomically)")
+    parser.add_argument("out", help="record file to write (replaced atomically), or an s3:// or http(s):// URL to "
+                                    "upload it to (docs/offload.md)")
     parser.add_argument("--kind", choices=("image", "video", "audio"), default="image",
                         help="which files a folder's classes hold")
     args = parser.parse_args(argv)

@@ -95,10 +95,11 @@ def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int, autocas
     """Runs `steps` SGD steps on one fixed batch; returns (wall seconds, CPU seconds of this process's threads
     by group: thread_cpu.GROUPS, "training" holding the caller's thread)."""
     loss_fn = nn.CrossEntropyLoss()
+    autocast_dtype = DTYPES.get(autocast)  # None: "none"
     threads, start = thread_cpu.snapshot(), time.perf_counter()
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=DTYPES[autocast], enabled=autocast != "none"):
+        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
             loss = loss_fn(model(inputs), labels)
         loss.backward()
         optimizer.step()

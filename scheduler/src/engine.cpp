@@ -513,7 +513,12 @@ void Engine::thread_main() {
     }
     const bool had = !running_.empty();
     const bool running = progress_locked(finished);
-    idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
+    // A task with a reduction chunk still to do is busy, not waiting: a pass
+    // that ran one is news (one sleep per chunk cost a millisecond each).
+    const bool local_work = running && std::any_of(running_.begin(), running_.end(), [](const auto& op) {
+      return op->task && op->task->has_local_work();
+    });
+    idle_passes = (running && had && finished.empty() && !local_work) ? idle_passes + 1 : 0;
     if (!had || !finished.empty()) spin_passes = kSpinPasses;
     bool sleep = !running || (idle_passes > spin_passes && mesh_->arm());
     // Nothing wakes the thread when a device copy finishes: poll gated ops too.

@@ -113,6 +113,10 @@ class CmaAllreduce : public Task {
     return true;
   }
 
+  bool has_local_work() const override {
+    return phase_ == Phase::kReduce && requests_.empty() && done_bytes_ < block_count(me_) * size_;
+  }
+
  private:
   enum class Phase { kReduce, kDone };
 

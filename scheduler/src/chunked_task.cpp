@@ -53,4 +53,6 @@ std::vector<int> ChunkedTask::waiting_for() const {
 
 bool ChunkedTask::polls_memory() const { return running_ && chunks_[next_]->polls_memory(); }
 
+bool ChunkedTask::has_local_work() const { return running_ && chunks_[next_]->has_local_work(); }
+
 }  // namespace dlop::sched

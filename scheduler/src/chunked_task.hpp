@@ -75,6 +75,7 @@ class ChunkedTask final : public coll::Task {
   bool progress() override;
   std::vector<int> waiting_for() const override;
   bool polls_memory() const override;
+  bool has_local_work() const override;
 
  private:
   std::vector<std::unique_ptr<coll::Task>> chunks_;

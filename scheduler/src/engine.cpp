@@ -465,24 +465,37 @@ void Engine::start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& fi
   }
 }
 
-bool Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
+void Engine::sleep_until_woken(int timeout_ms, bool with_ucx) {
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {mesh_->event_fd(), POLLIN, 0}};
   const bool ucx = with_ucx && fds[1].fd >= 0;
   ::poll(fds, ucx ? 2 : 1, timeout_ms);
   std::uint64_t drained = 0;
   [[maybe_unused]] const auto got = ::read(wake_fd_, &drained, sizeof(drained));
-  return ucx && (fds[1].revents & POLLIN) != 0;
+}
+
+void Engine::nap_until_woken(std::chrono::microseconds nap) {
+  pollfd fd{wake_fd_, POLLIN, 0};
+  const timespec timeout{0, static_cast<long>(std::chrono::nanoseconds(nap).count())};
+  ::ppoll(&fd, 1, &timeout, nullptr);
+  std::uint64_t drained = 0;
+  [[maybe_unused]] const auto got = ::read(wake_fd_, &drained, sizeof(drained));
 }
 
 void Engine::thread_main() {
   ::pthread_setname_np(::pthread_self(), "dlop-progress");
   constexpr int kSpinPasses = 200;  // passes without news before sleeping
-  // Once a UCX event woke the running ops, they stream over a network: the
-  // next event is a packet away, and 200 passes after each cost a core
-  // (4x Gloo's CPU for DDP across hosts, taken from its compute; 8 passes
-  // still 2x). So sleep again at the first quiet pass, until an op finishes
-  // or starts.
+  // Once the thread slept with ops running, their next news is an event
+  // away (a packet, a late peer's message), and 200 passes after each
+  // wake-up cost a core (4x Gloo's CPU for DDP across hosts, taken from its
+  // compute; 8 passes still 2x). So sleep again at the first quiet pass,
+  // until an op finishes or starts.
   constexpr int kStreamPasses = 1;
+  // Ops that poll memory signal no event: after kSpinPasses, about a
+  // millisecond of yielding passes, then naps.
+  constexpr int kYieldPasses = 1000;
+  constexpr std::chrono::microseconds kFirstNap{20};
+  constexpr std::chrono::microseconds kLongestNap{250};
+  std::chrono::microseconds nap = kFirstNap;
   std::vector<std::shared_ptr<detail::OpState>> finished;
   int idle_passes = 0;
   int spin_passes = kSpinPasses;
@@ -500,7 +513,12 @@ void Engine::thread_main() {
     }
     const bool had = !running_.empty();
     const bool running = progress_locked(finished);
-    idle_passes = (running && had && finished.empty()) ? idle_passes + 1 : 0;
+    // A task with a reduction chunk still to do is busy, not waiting: a pass
+    // that ran one is news (one sleep per chunk cost a millisecond each).
+    const bool local_work = running && std::any_of(running_.begin(), running_.end(), [](const auto& op) {
+      return op->task && op->task->has_local_work();
+    });
+    idle_passes = (running && had && finished.empty() && !local_work) ? idle_passes + 1 : 0;
     if (!had || !finished.empty()) spin_passes = kSpinPasses;
     bool sleep = !running || (idle_passes > spin_passes && mesh_->arm());
     // Nothing wakes the thread when a device copy finishes: poll gated ops too.
@@ -510,7 +528,16 @@ void Engine::thread_main() {
                                            [](const auto& op) { return op->task && op->task->polls_memory(); }));
     lock.unlock();
     finish_all(finished);
-    if (polls_memory || (running && !sleep && mode != WaitMode::kSpin)) {
+    if (idle_passes == 0) nap = kFirstNap;
+    if (polls_memory && idle_passes > spin_passes + kYieldPasses) {
+      // A peer this late is not about to come: yielding on, the thread would
+      // still take its turn on the core from the compute beside it (two
+      // ranks' training threads on two cores). Nap, longer each time, up to
+      // kLongestNap late at noticing it; a submitter ends a nap at once.
+      nap_until_woken(nap);
+      nap = std::min(nap * 2, kLongestNap);
+      sleep = false;
+    } else if (polls_memory || (running && !sleep && mode != WaitMode::kSpin)) {
       // Nothing will wake a sleep (or the policy says so): let a descheduled
       // peer run, then look again.
       sched_yield();
@@ -519,9 +546,12 @@ void Engine::thread_main() {
     if (sleep) {
       // Running ops: UCX's event fd wakes us (and a short timeout bounds the
       // wait for timeouts and the watchdog). Idle: only a submitter does.
-      const bool by_ucx =
-          sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
-      if (running && by_ucx) spin_passes = kStreamPasses;
+      // Woken with ops still running, by a UCX event or by the timeout: the
+      // next news comes as an event again, so look once and sleep. Spinning
+      // kSpinPasses after every 1 ms timeout, while a late peer's message is
+      // awaited, took a tenth of the core from the compute it overlaps.
+      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
+      if (running) spin_passes = kStreamPasses;
       idle_passes = 0;
     }
   }

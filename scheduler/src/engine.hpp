@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -91,8 +92,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
  private:
   void thread_main();
   // Sleeps until a submitter (or, with_ucx, a UCX event) wakes it or the
-  // timeout passes; true when a UCX event woke it.
-  bool sleep_until_woken(int timeout_ms, bool with_ucx);
+  // timeout passes.
+  void sleep_until_woken(int timeout_ms, bool with_ucx);
+  // The same for a nap shorter than a millisecond (`nap` < 1 s), UCX not watched.
+  void nap_until_woken(std::chrono::microseconds nap);
   // Under the engine lock: starts queued ops, progresses running ones, fails
   // timed-out ones. Finished ops are moved to `finished`. Returns whether any
   // op is still running.

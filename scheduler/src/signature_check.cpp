@@ -72,6 +72,8 @@ class SignatureChecked : public coll::Task {
     return task_->progress();
   }
   std::vector<int> waiting_for() const override { return task_ ? task_->waiting_for() : std::vector<int>{}; }
+  bool polls_memory() const override { return task_ && task_->polls_memory(); }
+  bool has_local_work() const override { return task_ && task_->has_local_work(); }
 
  private:
   coll::CollArgs args_;

@@ -17,8 +17,9 @@ import pytest
 
 from dlop.bench.c10d_ops import CASES
 
-C10D_FIELDS = {"op", "bytes", "dtype", "ranks", "impl", "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
-DDP_FIELDS = {"model", "backend", "ranks", "samples_per_s", "linearity"}
+C10D_FIELDS = {"op", "bytes", "dtype", "ranks", "impl", "time_us", "algbw_gbps", "busbw_gbps", "wrong", "cpu_us"}
+DDP_FIELDS = {"model", "backend", "ranks", "samples_per_s", "linearity", "cpu_ms_per_step", "cpu_ms_per_step_by_thread",
+              "comm_thread_cpu_ms_per_step", "comm_thread_cpu_ns_per_gradient_byte"}
 
 
 def _run(args: list[str], timeout: int = 240) -> str:
@@ -45,7 +46,7 @@ def test_c10d_rows_cover_every_op_size_and_impl(c10d_json):
             assert len(mine) == (1 if op == "barrier" else len(sizes)), (op, impl)
     for row in rows:
         assert C10D_FIELDS <= set(row), row
-        assert row["ranks"] == 2 and row["time_us"] > 0
+        assert row["ranks"] == 2 and row["time_us"] > 0 and row["cpu_us"] > 0
         # The fake group (the per-call floor) computes nothing, so it is not checked.
         assert row["wrong"] == (-1 if row["impl"] == "fake" else 0), row
 
@@ -78,6 +79,11 @@ def test_ddp_rows_and_linearity(ddp_json):
         row = rows[backend]
         assert row["ranks"] == 2
         assert row["linearity"] == pytest.approx(row["samples_per_s"] / rows["none"]["samples_per_s"] / 2)
+        # One repetition: the per-thread split adds up to the process's CPU, and the all-reduces ran on the
+        # backend's own threads (dlop-progress; Gloo's pt_gloo_runloop), which the split names.
+        assert sum(row["cpu_ms_per_step_by_thread"].values()) == pytest.approx(row["cpu_ms_per_step"])
+        assert row["comm_thread_cpu_ms_per_step"] == row["cpu_ms_per_step_by_thread"][backend] > 0
+    assert rows["none"]["comm_thread_cpu_ms_per_step"] == 0
 
 
 def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):

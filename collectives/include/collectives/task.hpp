@@ -29,6 +29,10 @@ class Task {
   // no sleeper, so while it runs the engine yields instead of sleeping on
   // UCX's event fd (which would add up to a poll timeout per late peer).
   virtual bool polls_memory() const { return false; }
+  // True when the next progress() call has work that awaits no peer (the
+  // next chunk of a reduction): the engine calls again rather than sleep
+  // until an event that will not come.
+  virtual bool has_local_work() const { return false; }
 };
 
 // Requests of one step; done when all are.

@@ -37,8 +37,8 @@ IMPLS = ("dlop", "gloo", "nccl", "fake")  # fake: results are not computed, only
 ROTATE_BYTES = 64 << 20  # rotate buffer sets through this much memory ...
 ROTATE_UP_TO = 8 << 20  # ... for sizes up to this (larger ones do not fit in any cache here)
 MAX_SETS = 256
-_LINE = ("{:1}{:>11} {:>11} {:>8} {:>5} {:>4} {:>5} | {:>10} {:>7} {:>7} {:>6} | {:>10} {:>7} {:>7} {:>6} | {:>6} {:>6}"
-         " | {:>10} {:>6}")
+_LINE = ("{:1}{:>11} {:>11} {:>8} {:>5} {:>4} {:>5} | {:>10} {:>9} {:>7} {:>7} {:>6} | {:>10} {:>9} {:>7} {:>7} {:>6}"
+         " | {:>6} {:>6} {:>6} | {:>10} {:>9} {:>6}")
 
 
 def parse_args(argv=None):
@@ -95,32 +95,41 @@ def time_calls(case, group, calls: int, first: int) -> list[float]:
 
 
 def measure(case, groups: dict, control, args) -> dict:
-    """{impl: (time_us, wrong)} for one case: checks, warm-up, then alternating repetitions."""
+    """{impl: (time_us, wrong, cpu_us)} for one case: checks, warm-up, then alternating repetitions. cpu_us: CPU
+    time per call of a rank's process (every thread: the caller's and the backend's), mean over ranks."""
     iters, warmup, _ = plan(case.bytes, args)
     with case.device:
         wrong = {impl: case.check(groups[impl]) if args.check and impl != "fake" else 0 for impl in groups}
     for impl, group in groups.items():
         time_calls(case, group, warmup, 0)
     samples = {impl: [] for impl in groups}
+    cpu = dict.fromkeys(groups, 0.0)
     for rep in range(args.repetitions):
         for impl, group in groups.items():
             dist.barrier(group=control)  # all ranks start a repetition together
+            start = time.process_time()
             samples[impl] += time_calls(case, group, iters, rep * iters)
+            cpu[impl] += time.process_time() - start
     # The slowest rank's median, and the sum of wrong elements, agreed over the control group.
     local = torch.tensor([_common.median(samples[impl]) * 1e6 for impl in groups], dtype=torch.float64)
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=control)
     wrongs = torch.tensor([wrong[impl] for impl in groups], dtype=torch.int64)
     dist.all_reduce(wrongs, group=control)
+    cpu_us = torch.tensor([cpu[impl] * 1e6 / (args.repetitions * iters) for impl in groups], dtype=torch.float64)
+    dist.all_reduce(cpu_us, group=control)
+    cpu_us /= dist.get_world_size(control)
     checked = {impl: args.check and impl != "fake" for impl in groups}
-    return {impl: (local[i].item(), int(wrongs[i].item()) if checked[impl] else -1) for i, impl in enumerate(groups)}
+    return {impl: (local[i].item(), int(wrongs[i].item()) if checked[impl] else -1, cpu_us[i].item())
+            for i, impl in enumerate(groups)}
 
 
-def make_row(case, impl: str, dtype: str, time_us: float, wrong: int) -> dict:
+def make_row(case, impl: str, dtype: str, time_us: float, wrong: int, cpu_us: float) -> dict:
     algbw = case.bytes / (time_us * 1e-6) / 1e9 if case.bytes and time_us > 0 else 0.0
     return {
         "op": case.op, "bytes": case.bytes, "count": case.count, "dtype": dtype if case.bytes else "-",
         "ranks": case.ranks, "impl": impl, "inplace": case.inplace, "redop": case.redop, "root": case.root,
         "time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw * case.busbw_factor(), "wrong": wrong,
+        "cpu_us": cpu_us,
     }
 
 
@@ -141,24 +150,27 @@ def print_case_rows(rows: dict, impls: list[str]) -> None:
     for impl in (left, right):
         row = rows.get(impl)
         if row is None:
-            cells += ["-", "-", "-", "-"]
+            cells += ["-", "-", "-", "-", "-"]
             continue
         data = row["bytes"] > 0
-        cells += [_fixed(row["time_us"]), _fixed(row["algbw_gbps"]) if data else "-",
+        cells += [_fixed(row["time_us"]), _fixed(row["cpu_us"]), _fixed(row["algbw_gbps"]) if data else "-",
                   _fixed(row["busbw_gbps"]) if data else "-", str(row["wrong"]) if row["wrong"] >= 0 else "-"]
     both = left in rows and right in rows  # the fake floor is optional
-    bw_ratio = time_ratio = "-"
+    bw_ratio = time_ratio = cpu_ratio = "-"
     if both and rows[right]["time_us"] > 0:
         time_ratio = _fixed(rows[left]["time_us"] / rows[right]["time_us"], 3)
         if first["bytes"] > 0 and rows[right]["busbw_gbps"] > 0:
             bw_ratio = _fixed(rows[left]["busbw_gbps"] / rows[right]["busbw_gbps"])
+    if both and rows[right]["cpu_us"] > 0:
+        cpu_ratio = _fixed(rows[left]["cpu_us"] / rows[right]["cpu_us"], 3)
     fake_time = _fixed(rows["fake"]["time_us"]) if "fake" in rows else "-"
+    fake_cpu = _fixed(rows["fake"]["cpu_us"]) if "fake" in rows else "-"
     fake_ratio = "-"
     if "dlop" in rows and "fake" in rows and rows["fake"]["time_us"] > 0:
         fake_ratio = _fixed(rows["dlop"]["time_us"] / rows["fake"]["time_us"], 3)
     print(_LINE.format(" ", first["bytes"], first["count"], first["dtype"], first["redop"], first["root"],
-                       "in" if first["inplace"] else "out", *cells, bw_ratio, time_ratio, fake_time, fake_ratio),
-          flush=True)
+                       "in" if first["inplace"] else "out", *cells, bw_ratio, time_ratio, cpu_ratio, fake_time,
+                       fake_cpu, fake_ratio), flush=True)
 
 
 def print_header(header: dict, args) -> None:
@@ -172,7 +184,9 @@ def print_header(header: dict, args) -> None:
           "S = one rank's buffer (all_reduce, broadcast) or the full array (all_gather, reduce_scatter, all_to_all)")
     print("# algbw = S / time; busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all), 1 (broadcast)")
     print("# #wrong: elements that differ from the expected values in one checked call, summed over ranks")
-    print("# ratios: busbw dlop/gloo (> 1: dlop faster), time dlop/gloo (< 1: dlop faster)")
+    print("# cpu: CPU time per call of a rank's process (all its threads: the caller's and the backend's), "
+          "mean over ranks and over the timed calls")
+    print("# ratios: busbw dlop/gloo (> 1: dlop faster), time and cpu dlop/gloo (< 1: dlop faster, cheaper)")
     print("# fake: dist.new_group(backend='fake') (FakeProcessGroup: no communication, results not computed), "
           "the floor of torch.distributed's per-call cost; d/f = dlop time / fake time")
 
@@ -181,10 +195,11 @@ def print_op_header(op: str, impls: list[str]) -> None:
     left, right = columns(impls)
     ratio = f"{left[0]}/{right[0]}"
     print(f"#\n# {op}")
-    print(_LINE.format("#", "size", "count", "type", "redop", "root", "place", f"{left} time", "algbw", "busbw",
-                       "#wrong", f"{right} time", "algbw", "busbw", "#wrong", "busbw", "time", "fake time", "time"))
-    print(_LINE.format("#", "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                       "(GB/s)", "", ratio, ratio, "(us)", "d/f"), flush=True)
+    print(_LINE.format("#", "size", "count", "type", "redop", "root", "place", f"{left} time", "cpu", "algbw", "busbw",
+                       "#wrong", f"{right} time", "cpu", "algbw", "busbw", "#wrong", "busbw", "time", "cpu",
+                       "fake time", "cpu", "time"))
+    print(_LINE.format("#", "(B)", "(elements)", "", "", "", "", "(us)", "(us/call)", "(GB/s)", "(GB/s)", "", "(us)",
+                       "(us/call)", "(GB/s)", "(GB/s)", "", ratio, ratio, ratio, "(us)", "(us/call)", "d/f"), flush=True)
 
 
 def print_footer(all_rows: list[dict], impls: list[str]) -> None:

@@ -28,10 +28,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dlop  # noqa: F401  (registers the backend)
-from dlop.bench import _common
+from dlop.bench import _common, thread_cpu
 from dlop.bench.ddp_models import MODELS, gradient_bytes, resnet18_source
 
 BACKENDS = ("dlop", "gloo")
+HOOKS = ("none", "fp16", "bf16", "powersgd")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SINGLE = "none"  # the backend field of the one-process rows
 
 
@@ -47,6 +49,13 @@ def parse_args(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (torch's default 25)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     p.add_argument("--no-single", action="store_true", help="skip the one-process runs (no linearity)")
+    p.add_argument("--hook", choices=sorted(HOOKS), default="none",
+                   help="a DDP comm hook (powersgd: rank 2, from the 2nd step, one bucket: see make_hook)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="the parameters' and so the gradients' dtype")
+    p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default="none",
+                   help="run forward and loss under torch.autocast('cpu', dtype)")
+    p.add_argument("--bucket-view", action="store_true", help="DDP(..., gradient_as_bucket_view=True)")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="a progress bar on stderr (rank 0, when stderr is a terminal)")
@@ -59,16 +68,43 @@ def parse_args(argv=None):
     return args
 
 
-def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int) -> tuple[float, float]:
-    """Runs `steps` SGD steps on one fixed batch; returns (wall seconds, CPU seconds of this process: every
-    thread, the backend's communication threads included)."""
+def make_hook(name: str, group):
+    """(state, hook) for DDP.register_comm_hook, or None."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        return group, default_hooks.fp16_compress_hook
+    if name == "bf16":
+        # DDP refuses a hook named bf16_compress_hook without CUDA and NCCL, though it only needs a bfloat16
+        # all-reduce: call it under another name.
+        def bf16_on_cpu(state, bucket):
+            return default_hooks.bf16_compress_hook(state, bucket)
+
+        return group, bf16_on_cpu
+    if name == "powersgd":
+        # PowerSGD issues collectives from future callbacks while the backward pass issues the next buckets':
+        # with several buckets their order differs between ranks, which any backend matching collectives by
+        # order (Gloo's tags, dlop's sequence) may pair wrongly, so the bench runs it with one bucket.
+        return powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                           min_compression_rate=1, random_seed=7), powerSGD_hook.powerSGD_hook
+    return None
+
+
+def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int, autocast: str = "none"
+                ) -> tuple[float, dict[str, float]]:
+    """Runs `steps` SGD steps on one fixed batch; returns (wall seconds, CPU seconds of this process's threads
+    by group: thread_cpu.GROUPS, "training" holding the caller's thread)."""
     loss_fn = nn.CrossEntropyLoss()
-    start, cpu = time.perf_counter(), time.process_time()
+    autocast_dtype = DTYPES.get(autocast)  # None: "none"
+    threads, start = thread_cpu.snapshot(), time.perf_counter()
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), labels).backward()
+        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = loss_fn(model(inputs), labels)
+        loss.backward()
         optimizer.step()
-    return time.perf_counter() - start, time.process_time() - cpu
+    wall = time.perf_counter() - start
+    return wall, thread_cpu.by_group(threads, thread_cpu.snapshot())
 
 
 def params_in_sync(model: nn.Module, control) -> bool:
@@ -85,12 +121,19 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
     make_model, make_batch, default_batch = MODELS[name]
     batch = args.batch or default_batch
     torch.manual_seed(0)  # the same initial model everywhere
-    base = make_model()
+    base = make_model().to(DTYPES[args.dtype])
     inputs, labels = make_batch(batch, torch.Generator().manual_seed(1000 + rank))
+    if inputs.is_floating_point():
+        inputs = inputs.to(DTYPES[args.dtype])
+    # PowerSGD: one bucket (make_hook says why).
+    cap = gradient_bytes(base) / 2**20 + 1 if args.hook == "powersgd" else args.bucket_cap_mb
     modes = {}
     for backend in args.backends:
         group = None if backend == "dlop" else control
-        model = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
+        model = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=cap,
+                    gradient_as_bucket_view=args.bucket_view)
+        if (hook := make_hook(args.hook, group or dist.group.WORLD)) is not None:
+            model.register_comm_hook(*hook)
         modes[backend] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     if not args.no_single and rank == 0:
         model = copy.deepcopy(base)
@@ -107,54 +150,77 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
             dist.barrier(group=control)
             if mode == SINGLE and rank != 0:
                 seconds[mode].append(0.0)  # wait at the next barrier (Gloo blocks, it does not spin)
-                cpu_seconds[mode].append(0.0)
+                cpu_seconds[mode].append([0.0] * len(thread_cpu.GROUPS))
                 continue
             model, optimizer = modes[mode]
-            train_steps(model, optimizer, inputs, labels, args.warmup)
-            wall, cpu = train_steps(model, optimizer, inputs, labels, args.steps)
+            train_steps(model, optimizer, inputs, labels, args.warmup, args.autocast)
+            wall, cpu = train_steps(model, optimizer, inputs, labels, args.steps, args.autocast)
             seconds[mode].append(wall)
-            cpu_seconds[mode].append(cpu)
+            cpu_seconds[mode].append([cpu[g] for g in thread_cpu.GROUPS])
     bar.close()
     gc.enable()
     dist.barrier(group=control)
     slowest = torch.tensor([seconds[mode] for mode in order], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)
-    cpu = torch.tensor([cpu_seconds[mode] for mode in order], dtype=torch.float64)
+    cpu = torch.tensor([cpu_seconds[mode] for mode in order], dtype=torch.float64)  # [mode, repetition, group]
     dist.all_reduce(cpu, group=control)  # summed over ranks
     synced = {backend: params_in_sync(modes[backend][0].module, control) for backend in args.backends}
+    # Both backends trained their copy of one model for the same steps on the same data: how far apart they ended.
+    apart = None
+    if set(BACKENDS) <= set(args.backends):
+        with torch.no_grad():
+            apart = max((a.double() - b.double()).abs().max().item()
+                        for a, b in zip(modes["dlop"][0].parameters(), modes["gloo"][0].parameters()))
+        apart = torch.tensor([apart], dtype=torch.float64)
+        dist.all_reduce(apart, op=dist.ReduceOp.MAX, group=control)
+        apart = apart.item()
     rows, single = [], None
     for i, mode in enumerate(order):
         workers = 1 if mode == SINGLE else ranks
         rate = _common.median([workers * batch * args.steps / s for s in slowest[i].tolist()])
         if mode == SINGLE:
             single = rate
+        per_step = 1e3 / workers / args.steps  # CPU seconds summed over ranks -> ms per rank and step
+        by_thread = {g: per_step * _common.median(cpu[i, :, k].tolist()) for k, g in enumerate(thread_cpu.GROUPS)}
+        comm_ms = by_thread.get(mode, 0.0)  # the backend's own threads
         rows.append({"model": name, "backend": mode, "ranks": workers, "samples_per_s": rate,
                      "batch_per_rank": batch, "steps": args.steps, "repetitions": args.repetitions,
                      "step_ms": 1e3 * workers * batch / rate, "gradient_mib": gradient_bytes(base) / 2**20,
-                     "cpu_ms_per_step": 1e3 * _common.median(cpu[i].tolist()) / workers / args.steps,
-                     "params_in_sync": synced.get(mode, True)})
+                     "cpu_ms_per_step": per_step * _common.median(cpu[i].sum(dim=1).tolist()),
+                     "cpu_ms_per_step_by_thread": by_thread, "comm_thread_cpu_ms_per_step": comm_ms,
+                     "comm_thread_cpu_ns_per_gradient_byte": 1e6 * comm_ms / gradient_bytes(base),
+                     "params_in_sync": synced.get(mode, True), "max_param_diff_vs_gloo": apart,
+                     "hook": args.hook, "dtype": args.dtype, "autocast": args.autocast,
+                     "gradient_as_bucket_view": args.bucket_view})
     for row in rows:
         row["linearity"] = row["samples_per_s"] / single / row["ranks"] if single else None
     return rows
 
 
-_LINE = "{:>12} {:>8} {:>5} {:>8} {:>10} {:>10} {:>10} {:>9} {:>10} {:>8}"
+_LINE = "{:>12} {:>8} {:>5} {:>8} {:>10} {:>9} {:>9} | {:>9} {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} {:>7}"
 
 
 def print_columns() -> None:
-    print(_LINE.format("# model", "backend", "ranks", "grad", "samples/s", "step", "cpu/rank", "linearity", "vs gloo",
-                       "in sync"))
-    print(_LINE.format("#", "", "", "(MiB)", "", "(ms)", "(ms/step)", "", "", ""), flush=True)
+    print(_LINE.format("# model", "backend", "ranks", "grad", "samples/s", "step", "linearity", "cpu/rank", "training",
+                       "comm", "comm", "samples/s", "cpu", "in sync", ""))
+    print(_LINE.format("#", "", "", "(MiB)", "", "(ms)", "", "(ms/step)", "(ms/step)", "(ms)", "(ns/B)", "vs gloo",
+                       "vs gloo", "", ""), flush=True)
 
 
 def print_rows(rows: list[dict]) -> None:
-    line = _LINE
-    gloo = {r["model"]: r["samples_per_s"] for r in rows if r["backend"] == "gloo"}
+    gloo = {r["model"]: r for r in rows if r["backend"] == "gloo"}
     for r in rows:
-        ratio = f"{r['samples_per_s'] / gloo[r['model']]:.2f}" if r["model"] in gloo and r["backend"] != SINGLE else "-"
+        peer = gloo.get(r["model"]) if r["backend"] != SINGLE else None
+        rate = f"{r['samples_per_s'] / peer['samples_per_s']:.2f}" if peer else "-"
+        cpu = f"{r['cpu_ms_per_step'] / peer['cpu_ms_per_step']:.2f}" if peer and peer["cpu_ms_per_step"] else "-"
         linearity = f"{r['linearity']:.3f}" if r["linearity"] is not None else "-"
-        print(line.format(r["model"], r["backend"], r["ranks"], f"{r['gradient_mib']:.1f}", f"{r['samples_per_s']:.1f}",
-                          f"{r['step_ms']:.1f}", f"{r['cpu_ms_per_step']:.1f}", linearity, ratio, "yes" if r["params_in_sync"] else "NO"), flush=True)
+        comm = r["backend"] != SINGLE
+        print(_LINE.format(r["model"], r["backend"], r["ranks"], f"{r['gradient_mib']:.1f}", f"{r['samples_per_s']:.1f}",
+                           f"{r['step_ms']:.1f}", linearity, f"{r['cpu_ms_per_step']:.1f}",
+                           f"{r['cpu_ms_per_step_by_thread']['training']:.1f}",
+                           f"{r['comm_thread_cpu_ms_per_step']:.2f}" if comm else "-",
+                           f"{r['comm_thread_cpu_ns_per_gradient_byte']:.3f}" if comm else "-", rate, cpu,
+                           "yes" if r["params_in_sync"] else "NO", ""), flush=True)
 
 
 def worker(args, threads: int) -> None:
@@ -164,22 +230,30 @@ def worker(args, threads: int) -> None:
     control = dist.new_group(backend="gloo")
     header = _common.run_header(benchmark="ddp", ranks=ranks, threads_per_rank=threads, steps=args.steps,
                                 warmup=args.warmup, repetitions=args.repetitions, bucket_cap_mb=args.bucket_cap_mb,
-                                resnet18=resnet18_source(), optimizer="SGD lr 0.01 momentum 0.9")
+                                resnet18=resnet18_source(), optimizer="SGD lr 0.01 momentum 0.9", hook=args.hook,
+                                dtype=args.dtype, autocast=args.autocast, gradient_as_bucket_view=args.bucket_view)
     if rank == 0:
         print(_common.header_comment(header))
         print(f"# {header['command']}")
         print(f"# dlop.bench.ddp: {ranks} ranks x {threads} torch thread(s); DDP bucket_cap_mb {args.bucket_cap_mb}; "
               f"{args.repetitions} repetitions of {args.warmup} untimed + {args.steps} timed steps, modes alternating; "
-              f"resnet18 from {header['resnet18']}")
+              f"resnet18 from {header['resnet18']}; comm hook {args.hook}, {args.dtype} parameters, autocast "
+              f"{args.autocast}, gradient_as_bucket_view {args.bucket_view}")
         print("# samples/s = ranks x batch x steps / the slowest rank's time, median of repetitions; "
               "linearity = N-rank / 1-rank samples/s / N (1-rank: the model alone, same threads, no DDP); "
-              "cpu/rank: CPU time of each rank's process (all its threads) per step")
+              "cpu/rank: CPU time of each rank's process (all its threads) per step, median of repetitions; "
+              "training: its caller's and torch's threads (they also run what a backend does inline); "
+              "comm: the backend's own threads (dlop-*, or Gloo's pt_gloo_runloop and gloo_tcp_loop), "
+              "per step and per gradient byte")
         print_columns()
     rows = []
     for name in args.models:
         rows += bench_model(name, args, control, rank, ranks)
         if rank == 0:
             print_rows([r for r in rows if r["model"] == name])
+            apart = rows[-1]["max_param_diff_vs_gloo"]
+            if apart is not None:
+                print(f"# {name}: parameters after training, dlop against Gloo: largest difference {apart:.3g}")
         gc.collect()
     if rank == 0 and args.json:
         _common.write_json(args.json, header, rows)

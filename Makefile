@@ -126,9 +126,10 @@ test-cpp: build
 	$(CTEST_RUN) $(BUILD)
 
 # With tests/python present, pytest collecting no test (exit 5) is a failure.
+# --durations: the slowest 30 tests, so where the suite's time goes is in every log.
 test-python: build
 	@if [ -d tests/python ]; then \
-	  echo "$(PYTEST) tests/python"; $(PYTEST) tests/python; \
+	  echo "$(PYTEST) --durations=30 tests/python"; $(PYTEST) --durations=30 tests/python; \
 	else echo "test-python: no tests/python, nothing to run"; fi
 
 test-asan: deps

@@ -46,24 +46,9 @@ def _batch(rank: int, step: int, micro: int = 0):
 
 
 def _hook_for(case: str, group):
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from dlop.bench.ddp import make_hook
 
-    if case == "fp16_hook":
-        return group, default_hooks.fp16_compress_hook
-    if case == "bf16_hook":
-        # DDP refuses a hook *named* bf16_compress_hook without CUDA and NCCL,
-        # though the hook itself only needs a bfloat16 all-reduce: call it
-        # through a function of another name.
-        def bf16_on_cpu(state, bucket):
-            return default_hooks.bf16_compress_hook(state, bucket)
-
-        return group, bf16_on_cpu
-    if case == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
-            process_group=group, matrix_approximation_rank=2, start_powerSGD_iter=3, min_compression_rate=1, random_seed=7
-        )
-        return state, powerSGD_hook.powerSGD_hook
-    return None
+    return make_hook({"fp16_hook": "fp16", "bf16_hook": "bf16"}.get(case, case), group)
 
 
 def _train(case: str, rank: int, group) -> dict[str, torch.Tensor]:

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "offload/batch_maker.hpp"
 #include "offload/video.hpp"
 #include "test_data.hpp"
@@ -52,15 +54,19 @@ struct Clip {
   int height;
 };
 
-// The clips, made once for the whole suite: every container and codec this
-// FFmpeg can write, B-frames, short and long GOPs, odd sizes, variable rate.
+// The clips: every container and codec this FFmpeg can write, B-frames,
+// short and long GOPs, odd sizes, variable rate. ctest runs each test in a
+// process of its own, so they are made once per build, not once per test:
+// in a folder of the build tree named by a hash of the FFmpeg version and
+// the commands that make them, which a process fills under a name of its own
+// and renames into place (a process that loses that race uses the winner's).
 class Clips {
  public:
   static Clips& get() {
     static Clips clips;
     return clips;
   }
-  const fs::path& dir() const { return dir_.path(); }
+  const fs::path& dir() const { return dir_; }
   const std::vector<Clip>& all() const { return clips_; }
   fs::path path(const std::string& file) const { return dir() / file; }
   std::vector<std::uint8_t> bytes(const std::string& file) const { return read_file(path(file)); }
@@ -93,8 +99,13 @@ class Clips {
     auto& frames = reference_[file + (exact ? "" : ".fast")];
     if (frames.empty()) {
       const fs::path raw = dir() / (file + (exact ? ".rgb" : ".fast.rgb"));
-      run("ffmpeg -hide_banner -v error -y -i " + path(file).string() + " -map 0:v:0 -fps_mode passthrough " +
-          (exact ? "-sws_flags bicubic+bitexact+accurate_rnd " : "") + "-f rawvideo -pix_fmt rgb24 " + raw.string());
+      if (!fs::exists(raw)) {
+        const fs::path partial = unique_name(raw);
+        run("ffmpeg -hide_banner -v error -y -i " + path(file).string() + " -map 0:v:0 -fps_mode passthrough " +
+            (exact ? "-sws_flags bicubic+bitexact+accurate_rnd " : "") + "-f rawvideo -pix_fmt rgb24 " +
+            partial.string());
+        fs::rename(partial, raw);
+      }
       frames = read_file(raw);
     }
     return frames;
@@ -102,9 +113,11 @@ class Clips {
 
  private:
   Clips() {
+    // The commands first, run below unless the build already has their clips.
+    std::vector<std::string> commands;
     const std::string ff = "ffmpeg -hide_banner -v error -y -f lavfi -i ";
     const auto make = [&](const std::string& file, int w, int h, const std::string& source, const std::string& args) {
-      run(ff + source + " " + args + " " + path(file).string());
+      commands.push_back(ff + source + " " + args + " " + file);
       clips_.push_back({file, w, h});
     };
     const auto src = [](int w, int h, double seconds, const std::string& kind = "testsrc2") {
@@ -131,9 +144,31 @@ class Clips {
     make("mpeg4_bframes.avi", 160, 120, src(160, 120, 2), "-c:v mpeg4 -g 12 -bf 2");
     // A still picture, losslessly coded: every decoded frame is the same.
     make("still.mp4", 160, 120, src(160, 120, 2, "smptebars"), "-c:v libx264 -qp 0 -g 8 -bf 2 -pix_fmt yuv444p");
+
+    std::string key = capture("ffmpeg -hide_banner -version 2>/dev/null | head -n 1");
+    for (const auto& command : commands) key += command;
+    dir_ = fs::path(DLOP_TEST_FIXTURE_DIR) / ("video-clips-" + std::to_string(std::hash<std::string>{}(key)));
+    if (fs::exists(dir_)) return;
+    const fs::path partial = unique_name(dir_);
+    fs::create_directories(partial);
+    for (const auto& command : commands) {
+      if (std::system(("cd " + partial.string() + " && " + command + " > /dev/null 2>&1").c_str()) != 0) {
+        ADD_FAILURE() << "making a test clip failed: " << command;
+        fs::remove_all(partial);  // never leave a broken set where the next run would take it
+        return;
+      }
+    }
+    std::error_code lost_the_race;
+    fs::rename(partial, dir_, lost_the_race);
+    if (lost_the_race) fs::remove_all(partial);
   }
 
-  test::TempDir dir_;
+  // A sibling of `path` no other process uses.
+  static fs::path unique_name(const fs::path& path) {
+    return fs::path(path.string() + ".partial-" + std::to_string(getpid()));
+  }
+
+  fs::path dir_;
   std::vector<Clip> clips_;
   std::map<std::string, std::vector<std::uint8_t>> reference_;
 };
@@ -303,10 +338,11 @@ TEST(VideoDecode, BadFilesAreSampleErrorsNamingTheFile) {
   fails({}, "an empty file");
   fails(std::vector<std::uint8_t>(5000, 0x5a), "bytes that are no container");
   fails({mp4.begin(), mp4.begin() + static_cast<std::ptrdiff_t>(mp4.size() / 2)}, "a truncated mp4");
+  const test::TempDir audio_dir;
   run("ffmpeg -hide_banner -v error -y -f lavfi -i sine=duration=0.5 -c:a aac " +
-      (Clips::get().dir() / "audio.m4a").string());
+      (audio_dir.path() / "audio.m4a").string());
   try {
-    scan_frame_index(Clips::get().bytes("audio.m4a"), "audio.m4a");
+    scan_frame_index(read_file(audio_dir.path() / "audio.m4a"), "audio.m4a");
     ADD_FAILURE() << "an audio file has a frame index";
   } catch (const SampleError& e) {
     EXPECT_NE(std::string(e.what()).find("no video stream"), std::string::npos) << e.what();

@@ -4,8 +4,8 @@
 // the consumer moves on, and the tensors keep the manager alive. They are
 // made here rather than through numpy and torch.from_numpy, which cost a
 // tenth of the trainer's CPU per batch.
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <pybind11/numpy.h>
@@ -69,14 +69,14 @@ py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
   const auto keep = [m](void*) {};  // the copy of m is the reference
   std::vector<std::int64_t> shape{count};
   shape.insert(shape.end(), l.shape.begin(), l.shape.end());
+  const auto of = [](at::ScalarType t) { return at::TensorOptions().dtype(t); };
   const at::Tensor samples =
-      torch::from_blob(b.images, shape, keep, torch::dtype(l.dtype == protocol::Dtype::kUint8 ? torch::kUInt8 : torch::kFloat32));
+      at::from_blob(b.images, shape, keep, of(l.dtype == protocol::Dtype::kUint8 ? at::kByte : at::kFloat));
   const at::Tensor labels =
-      l.label_width == 1 ? torch::from_blob(b.labels, {count}, keep, torch::dtype(torch::kInt64))
-                         : torch::from_blob(b.labels, {count, static_cast<std::int64_t>(l.label_width)}, keep,
-                                            torch::dtype(torch::kInt64));
+      l.label_width == 1 ? at::from_blob(b.labels, {count}, keep, of(at::kLong))
+                         : at::from_blob(b.labels, {count, static_cast<std::int64_t>(l.label_width)}, keep, of(at::kLong));
   py::object lengths = py::none();
-  if (b.lengths != nullptr) lengths = py::cast(torch::from_blob(b.lengths, {count}, keep, torch::dtype(torch::kInt64)));
+  if (b.lengths != nullptr) lengths = py::cast(at::from_blob(b.lengths, {count}, keep, of(at::kLong)));
   return py::make_tuple(b.position, samples, labels, b.slot, b.skipped, lengths);
 }
 

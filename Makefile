@@ -126,10 +126,14 @@ test-cpp: build
 	$(CTEST_RUN) $(BUILD)
 
 # With tests/python present, pytest collecting no test (exit 5) is a failure.
+# -n: one pytest worker per job; most tests wait on processes, sockets and
+# servers, so two workers keep two cores busy. --dist loadfile: a file's tests
+# stay on one worker, which starts the file's servers and ranks once.
 # --durations: the slowest 30 tests, so where the suite's time goes is in every log.
+PYTEST_ARGS ?= -n $(JOBS) --dist loadfile --durations=30
 test-python: build
 	@if [ -d tests/python ]; then \
-	  echo "$(PYTEST) --durations=30 tests/python"; $(PYTEST) --durations=30 tests/python; \
+	  echo "$(PYTEST) $(PYTEST_ARGS) tests/python"; $(PYTEST) $(PYTEST_ARGS) tests/python; \
 	else echo "test-python: no tests/python, nothing to run"; fi
 
 test-asan: deps

@@ -74,6 +74,8 @@ if ((${#labels[@]} > 0)); then
 fi
 if ((${#files[@]} > 0)); then
   mapfile -t unique < <(printf '%s\n' "${files[@]}" | sort -u)
-  echo "check: pytest ${unique[*]}"
-  "$PY" -m pytest -q "${unique[@]}"
+  workers=()  # several files: one pytest worker per job, a file per worker (as make test-python)
+  ((${#unique[@]} > 1)) && workers=(-n "${JOBS:-2}" --dist loadfile)
+  echo "check: pytest ${workers[*]} ${unique[*]}"
+  "$PY" -m pytest -q "${workers[@]}" "${unique[@]}"
 fi

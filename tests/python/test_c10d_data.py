@@ -16,6 +16,8 @@ import pytest
 
 from c10d_harness import DTYPE_NAMES, check, attempt, dtype_of, make_input, mismatch, non_contiguous_like, shared_cluster
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 WORLDS = (1, 2, 3, 4)
 DTYPES = DTYPE_NAMES + ("complex64", "int8", "int32")
 SIZES = (0, 1, 7, 4099)

@@ -27,6 +27,8 @@ import pytest
 
 from c10d_harness import Cluster, Dead, Setup, attempt, run_ranks, shared_cluster
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 
 def _mro(err) -> list[str]:
     """The exception's classes, module-qualified (the ranks' exceptions do not pickle by class)."""

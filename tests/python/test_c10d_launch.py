@@ -19,6 +19,8 @@ import pytest
 
 from c10d_harness import Setup, free_port, python_env, run_ranks, venv_bin
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 HERE = os.path.abspath(__file__)
 
 

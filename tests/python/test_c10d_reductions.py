@@ -30,6 +30,8 @@ from c10d_harness import (
     shared_cluster,
 )
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 REDOPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 WORLDS = (1, 2, 3, 4)
 COMPLEX = ("complex64", "complex128")

@@ -19,6 +19,8 @@ import pytest
 
 from c10d_harness import Setup, attempt, check, make_input, mismatch, run_ranks, shared_cluster
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 WORLDS = (1, 2, 3, 4)
 
 

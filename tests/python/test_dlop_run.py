@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 

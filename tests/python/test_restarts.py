@@ -47,6 +47,8 @@ import pytest
 
 from c10d_harness import free_port, python_env, venv_bin
 
+pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+
 SCRIPT = str(Path(__file__).with_name("restart_training.py"))
 ROUNDS = int(os.environ.get("DLOP_TEST_RESTART_ROUNDS", "10"))
 # Gloo's failed restarts each cost its timeout: the suite runs the plan's first kills only.

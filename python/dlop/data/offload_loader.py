@@ -215,7 +215,8 @@ class OffloadLoader:
                 raise ValueError("OffloadLoader: shuffle=\"shards\" needs a native source made of tar shards")
             self._shard_sizes = list(_native.open_source(self.source, self.kind).shard_sizes)
             if not self._shard_sizes:
-                raise ValueError(f"OffloadLoader: shuffle=\"shards\" needs tar shards; {self.source} is not made of shards")
+                raise ValueError(f"OffloadLoader: shuffle=\"shards\" needs tar shards; {self.source} is not made "
+                                 "of shards")
             self._dataset_size = sum(self._shard_sizes)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)

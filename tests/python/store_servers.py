@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -197,6 +198,33 @@ def run_epoch(loader, epoch: int, on_batch=None) -> list[tuple[bytes, bytes]]:
             on_batch(k)
     return out
 
+
+def run_epoch_across_an_outage(loader, epoch: int, server: S3Server) -> list[tuple[bytes, bytes]]:
+    """run_epoch, with the store killed after the second batch and started again a second later."""
+    restart: list[threading.Timer] = []
+
+    def outage(k: int) -> None:
+        if k == 1:
+            server.kill()
+            restart.append(threading.Timer(1.0, server.start))
+            restart[0].start()
+
+    try:
+        return run_epoch(loader, epoch, outage)
+    finally:
+        for t in restart:
+            t.join()
+
+
+def first_batches(loader, epoch: int, n: int) -> list[tuple[bytes, bytes]]:
+    """The epoch's first n batches; the loader's state_dict() then points at batch n."""
+    loader.set_epoch(epoch)
+    got = []
+    for x, y in loader:
+        got.append((x.numpy().tobytes(), y.numpy().tobytes()))
+        if len(got) == n:
+            break
+    return got
 
 
 @pytest.fixture(scope="module")

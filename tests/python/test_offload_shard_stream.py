@@ -6,20 +6,18 @@ offloaded or not, resumed from a state_dict, or across a store restart."""
 
 from __future__ import annotations
 
-import threading
+import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-
 from dlop.data import OffloadLoader  # noqa: E402
 from store_servers import (  # noqa: E402,F401 (fixtures)
-    BATCH, SEED, SPEC, TOKEN, daemon, data, free_port, http, run_epoch, s3, shards,
+    BATCH, SEED, SPEC, TOKEN, daemon, data, first_batches, free_port, http, run_epoch, run_epoch_across_an_outage, s3,
+    shards,
 )
 
 
@@ -89,12 +87,7 @@ def test_the_local_fallback_streams_the_same_epoch(shards):
 def test_a_shard_ordered_epoch_resumes_from_a_state_dict(shards, daemon):
     want = shard_batches(offload.open_source(str(shards["local"])), 5)
     first = loader(shards["s3"], [daemon])
-    first.set_epoch(5)
-    got = []
-    for x, y in first:
-        got.append((x.numpy().tobytes(), y.numpy().tobytes()))
-        if len(got) == 3:
-            break
+    got = first_batches(first, 5, 3)
     state = first.state_dict()
     assert state["position"] == 3 and state["shards"] != 0
     resumed = loader(shards["s3"], [daemon])
@@ -107,23 +100,12 @@ def test_a_shard_ordered_epoch_resumes_from_a_state_dict(shards, daemon):
         resumed.load_state_dict(sample_order.state_dict())
 
 
-def test_a_store_killed_mid_shard_epoch_loses_and_repeats_nothing(shards, s3, daemon):
+def test_a_store_killed_mid_shard_epoch_loses_and_repeats_nothing(shards, s3, daemon, tmp_path):
     want = shard_batches(offload.open_source(str(shards["local"])), 6)
     streamed = loader(shards["s3"], [daemon], prefetch=2)
-    restart: list[threading.Timer] = []
-
-    def outage(k: int) -> None:
-        if k == 1:
-            s3["server"].kill()
-            restart.append(threading.Timer(1.0, s3["server"].start))
-            restart[0].start()
-
-    try:
-        got = run_epoch(streamed, 6, outage)
-    finally:
-        for t in restart:
-            t.join()
-    assert got == want  # every batch once, in order, byte-identical
+    assert run_epoch_across_an_outage(streamed, 6, s3["server"]) == want  # every batch once, in order, byte-identical
+    log = (tmp_path / "daemon.log").read_text()
+    assert "s3://train/shards/train-" in log and "retrying" in log, "the daemon never met the outage"
 
 
 def test_shard_order_needs_tar_shards(data):

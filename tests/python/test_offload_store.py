@@ -20,8 +20,8 @@ offload = pytest.importorskip("dlop._C").offload
 from dlop.data import OffloadLoader  # noqa: E402
 from dlop.data.pack import pack  # noqa: E402
 from store_servers import (  # noqa: E402,F401 (fixtures)
-    ACCESS, BATCH, BUCKET, SECRET, SEED, SPEC, TOKEN, assert_same_records, batches, daemon, data, free_port, http,
-    run_epoch, s3, shards,
+    ACCESS, BATCH, BUCKET, SECRET, SEED, SPEC, TOKEN, assert_same_records, batches, daemon, data, first_batches,
+    free_port, http, run_epoch, run_epoch_across_an_outage, s3, shards,
 )
 
 
@@ -101,20 +101,7 @@ def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp
     loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN,
                            prefetch=2)
     assert loader.offloaded
-    restart: list[threading.Timer] = []
-
-    def outage(k: int) -> None:
-        if k == 1:
-            s3["server"].kill()
-            restart.append(threading.Timer(1.0, s3["server"].start))
-            restart[0].start()
-
-    try:
-        got = run_epoch(loader, 3, outage)
-    finally:
-        for t in restart:
-            t.join()
-    assert got == want  # every batch once, in order, byte-identical
+    assert run_epoch_across_an_outage(loader, 3, s3["server"]) == want  # every batch once, in order, byte-identical
     log = (tmp_path / "daemon.log").read_text()
     assert "s3://train/images/train.dlop" in log and "retrying" in log, "the daemon never met the outage"
 
@@ -233,12 +220,7 @@ def test_an_s3_shard_epoch_resumes_from_a_state_dict(shards, daemon):
         return OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)
 
     first = loader()
-    first.set_epoch(5)
-    got = []
-    for x, y in first:
-        got.append((x.numpy().tobytes(), y.numpy().tobytes()))
-        if len(got) == 3:
-            break
+    got = first_batches(first, 5, 3)
     state = first.state_dict()
     assert state["epoch"] == 5 and state["position"] == 3
     resumed = loader()

@@ -63,7 +63,7 @@ class Source {
   // shards): what EpochPlan's shard order needs. Empty for other sources.
   virtual std::vector<std::uint64_t> shard_sizes() const { return {}; }
   // Where sample i's bytes lie when read(i) returns exactly one byte range
-  // of a remote object (BatchReads reads neighbours with one request).
+  // of an object (BatchReads reads neighbours with one request).
   struct ByteRange {
     const ObjectReader* object = nullptr;
     std::uint64_t offset = 0;
@@ -74,9 +74,10 @@ class Source {
 
 // A batch's samples read ahead of making it, as a view of `source`: the
 // samples with a byte range (Source::byte_range) are sorted by object and
-// offset, and neighbours (gaps up to kMaxGap, runs up to kMaxRun bytes) are
-// read with one streamed GET, then cut out of it; a sample alone in its run,
-// or of a source without ranges, is read by `source` when asked, as before.
+// offset, and neighbours (gaps up to kMaxGap) are read with one request (a
+// streamed GET for a remote object), then cut out of it. A sample alone in
+// its run, past kMaxBytes read ahead, or of a source without ranges, is read
+// by `source` when asked, as before.
 // The bytes are those read() gives; everything else is `source`'s. A batch
 // dealt from the shard-ordered plan thus costs one request, not one per
 // sample.
@@ -88,8 +89,9 @@ class BatchReads final : public Source {
   // less than a request's round trip on any link whose bandwidth-delay
   // product exceeds that (1 ms at 0.5 Gbit/s), so such gaps are read through.
   static constexpr std::uint64_t kMaxGap = 64 << 10;
-  // Bounds the memory a batch holds (a run this long is split).
-  static constexpr std::uint64_t kMaxRun = 64 << 20;
+  // Bounds the memory a batch holds ahead (a batch of long videos would
+  // otherwise hold them all at once).
+  static constexpr std::uint64_t kMaxBytes = 64 << 20;
 
   BatchReads(const Source& source, std::span<const std::uint64_t> indices);
   std::size_t size() const override { return source_.size(); }

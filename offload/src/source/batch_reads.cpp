@@ -23,6 +23,7 @@ BatchReads::BatchReads(const Source& source, std::span<const std::uint64_t> indi
     if (a.range.object != b.range.object) return std::less<const ObjectReader*>()(a.range.object, b.range.object);
     return a.range.offset != b.range.offset ? a.range.offset < b.range.offset : a.index < b.index;
   });
+  std::uint64_t held_bytes = 0;
   for (std::size_t first = 0, last; first < wants.size(); first = last) {
     const ObjectReader* object = wants[first].range.object;
     const std::uint64_t start = wants[first].range.offset;
@@ -30,10 +31,13 @@ BatchReads::BatchReads(const Source& source, std::span<const std::uint64_t> indi
     for (last = first + 1; last < wants.size(); ++last) {
       const ByteRange& r = wants[last].range;
       const std::uint64_t grown = std::max(end, r.offset + r.size);
-      if (r.object != object || r.offset > end + kMaxGap || grown - start > kMaxRun) break;
+      if (r.object != object || r.offset > end + kMaxGap || grown - start > kMaxBytes) break;
       end = grown;
     }
-    if (last - first < 2) continue;  // one sample: read() reads it, in parallel with the others
+    // One sample: read() reads it, in parallel with the others; past the
+    // batch's budget, so are the rest.
+    if (last - first < 2 || held_bytes + (end - start) > kMaxBytes) continue;
+    held_bytes += end - start;
     std::vector<std::uint8_t>& run = runs_.emplace_back(static_cast<std::size_t>(end - start));
     object->read(start, run);
     ++requests_;

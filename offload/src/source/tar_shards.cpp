@@ -269,8 +269,6 @@ std::vector<std::uint64_t> TarShards::shard_sizes() const {
 
 std::optional<Source::ByteRange> TarShards::byte_range(std::size_t i) const {
   const Sample& s = at(i);
-  // A local shard's reads are page-cache copies: nothing to save.
-  if (!is_remote(locations_[s.shard])) return std::nullopt;
   return ByteRange{shards_[s.shard].get(), s.offset, s.size};
 }
 

@@ -161,10 +161,10 @@ class OffloadLoader:
     the shards each epoch, keeps each shard's samples in order and deals
     contiguous batches of that sequence to the ranks in turn, so a batch is
     read from a remote shard with one streamed request instead of one per
-    sample. A batch then holds neighbouring samples of one shard (or two):
-    shards written in random order make batches as varied as a global
-    shuffle would. The trainer reads the shards' headers once to learn their
-    sizes.
+    sample. A batch then holds neighbouring samples of one shard (or two),
+    the same ones every epoch (no shuffle buffer mixes them): write samples
+    into the shards in random order. The trainer reads the shards' headers
+    once to learn their sizes.
     """
 
     def __init__(

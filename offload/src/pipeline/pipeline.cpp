@@ -103,17 +103,17 @@ BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint6
   const std::size_t sample_bytes = shape.sample_bytes();
   std::vector<Scratch> scratch(pool != nullptr ? pool->threads() : 1);
   return run_samples(source, indices, shape, out, spec_.on_error, pool,
-                     [&](std::size_t k, std::size_t worker, StageTimes& times) {
+                     [&](const Source& from, std::size_t k, std::size_t worker, StageTimes& times) {
                        Scratch& s = scratch[worker];
                        const std::uint64_t index = indices[k];
                        const auto start = Clock::now();
-                       const auto bytes = source.read(index, s.bytes);
+                       const auto bytes = from.read(index, s.bytes);
                        s.times = {};
                        s.times.read = seconds(Clock::now() - start);
                        const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, s);
                        const auto transformed = Clock::now();
                        emit(image, out.samples.data() + k * sample_bytes);
-                       out.labels[k] = source.label(index);
+                       out.labels[k] = from.label(index);
                        s.times.collate += seconds(Clock::now() - transformed);
                        times += s.times;
                      });

@@ -261,4 +261,15 @@ std::span<const std::uint8_t> TarShards::read(std::size_t i, std::vector<std::ui
   return {scratch.data(), scratch.size()};
 }
 
+std::vector<std::uint64_t> TarShards::shard_sizes() const {
+  std::vector<std::uint64_t> sizes(locations_.size(), 0);
+  for (const Sample& s : samples_) ++sizes[s.shard];
+  return sizes;
+}
+
+std::optional<Source::ByteRange> TarShards::byte_range(std::size_t i) const {
+  const Sample& s = at(i);
+  return ByteRange{shards_[s.shard].get(), s.offset, s.size};
+}
+
 }  // namespace dlop::offload

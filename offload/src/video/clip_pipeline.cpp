@@ -81,13 +81,13 @@ class ClipPipeline final : public BatchMaker {
     const SampleLayout shape = layout(source);
     std::vector<Scratch> scratch(pool != nullptr ? pool->threads() : 1);
     return run_samples(source, indices, shape, out, spec_.on_error, pool,
-                       [&](std::size_t k, std::size_t worker, StageTimes& times) {
+                       [&](const Source& from, std::size_t k, std::size_t worker, StageTimes& times) {
                          const std::uint64_t index = indices[k];
                          Scratch& s = scratch[worker];
                          s.times = {};
                          std::byte* sample = out.samples.data() + k * shape.sample_bytes();
-                         make(source, index, SampleKey{seed, epoch, index}, sample, s);
-                         write_labels(source, index, out.labels.subspan(k * shape.label_width, shape.label_width));
+                         make(from, index, SampleKey{seed, epoch, index}, sample, s);
+                         write_labels(from, index, out.labels.subspan(k * shape.label_width, shape.label_width));
                          times += s.times;
                        });
   }

@@ -14,7 +14,10 @@ Rows, same run, same shards, same server, same k:
   buffer, PIL decoding and torchvision's RandomResizedCrop + flip + normalise;
 * ``native``: one dlop-offloader daemon with k threads reading the shards
   itself (libcurl, SigV4, one ranged read a sample), the same transform in
-  dlop's native pipeline, batches through ``dlop.data.OffloadLoader``.
+  dlop's native pipeline, batches through ``dlop.data.OffloadLoader``;
+* ``native-shards``: the same with ``shuffle="shards"``: the shards' order
+  shuffled each epoch, each batch a run of neighbouring samples that the
+  daemon reads with one streamed GET.
 
 The consumer spends ``--step-ms`` per batch (a sleep: a simulated training
 step, which leaves the cores to the pipeline), and the data stall is the
@@ -57,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--step-ms", type=float, default=200.0, help="the simulated training step per batch")
     p.add_argument("--batches", type=int, default=0, help="timed batches per pass (0: one epoch less the warm-up batch)")
     p.add_argument("-r", "--reps", type=int, default=3, help="timed passes per row (the median is reported)")
-    p.add_argument("--pipelines", default="webdataset,native")
+    p.add_argument("--pipelines", default="webdataset,native,native-shards")
     p.add_argument("--rclone", help="the rclone executable (default: next to this Python, or on PATH)")
     p.add_argument("--offloader", help="the dlop-offloader executable (default: next to this Python, or DLOP_OFFLOADER)")
     p.add_argument("--json", help="write the rows here")
@@ -162,7 +165,7 @@ def run_webdataset(args, batches: int) -> dict:
     return row
 
 
-def run_native(args, batches: int) -> dict:
+def run_native(args, batches: int, shuffle: bool | str = True) -> dict:
     from dlop.data import OffloadLoader
 
     token = os.urandom(16).hex()
@@ -170,7 +173,7 @@ def run_native(args, batches: int) -> dict:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # a local fallback would measure the wrong thing
-            loader = OffloadLoader(shard_url(args.shards), offload.native_spec(args.size), args.batch, shuffle=True,
+            loader = OffloadLoader(shard_url(args.shards), offload.native_spec(args.size), args.batch, shuffle=shuffle,
                                    seed=0, offloaders=pool.addresses, token=token)
         epochs = iter(range(1 << 30))
 
@@ -180,7 +183,7 @@ def run_native(args, batches: int) -> dict:
 
         stalls: list[float] = []
         row = offload.timed_passes(with_step(one_epoch, args.step_ms / 1e3, stalls), args.batch, batches, args.reps,
-                                   pool.pids, desc="native")
+                                   pool.pids, desc="native" if shuffle is True else "native-shards")
         row["peak_rss_mib"] = sum(offload.proc_peak_mib(p) for p in pool.pids())
         row["stall"] = _common.median(stalls)
         return row
@@ -194,15 +197,16 @@ def trainer_host(args) -> int:
     batches = args.batches or max(1, args.images // args.batch - 1)
     rows = []
     for name in args.pipeline_list:
-        run = run_webdataset if name == "webdataset" else run_native
-        rows.append({"pipeline": name, "workers": args.workers, **run(args, batches)})
+        row = (run_webdataset(args, batches) if name == "webdataset"
+               else run_native(args, batches, "shards" if name == "native-shards" else True))
+        rows.append({"pipeline": name, "workers": args.workers, **row})
     Path(rows_out).write_text(json.dumps(rows))
     return 0
 
 
 # --- the report ---------------------------------------------------------------
 
-_LINE = "{:>11} {:>8} {:>10} {:>13} {:>17} {:>8} {:>13} {:>9}"
+_LINE = "{:>13} {:>8} {:>10} {:>13} {:>17} {:>8} {:>13} {:>9}"
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -215,36 +219,49 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def ratios(rows: list[dict]) -> dict | None:
+    """Each native row against webdataset ("native" keeps its old key names; "native-shards" gets a shards_
+    prefix), and native-shards against native."""
     by = {r["pipeline"]: r for r in rows}
-    base, native = by.get("webdataset"), by.get("native")
-    if base is None or native is None:
-        return None
-    return {"per_cpu_second": base["cpu_s_per_sample"] / native["cpu_s_per_sample"],
-            "trainer_cpu": native["trainer_cpu_s_per_sample"] / base["trainer_cpu_s_per_sample"],
-            "samples_per_s": native["samples_per_s"] / base["samples_per_s"],
-            "native_stall": native["stall"], "webdataset_stall": base["stall"]}
+    base = by.get("webdataset")
+    out: dict = {}
+    for name, prefix in (("native", ""), ("native-shards", "shards_")):
+        if base is None or (row := by.get(name)) is None:
+            continue
+        out.update({f"{prefix}per_cpu_second": base["cpu_s_per_sample"] / row["cpu_s_per_sample"],
+                    f"{prefix}trainer_cpu": row["trainer_cpu_s_per_sample"] / base["trainer_cpu_s_per_sample"],
+                    f"{prefix}samples_per_s": row["samples_per_s"] / base["samples_per_s"],
+                    f"{prefix or 'native_'}stall": row["stall"], "webdataset_stall": base["stall"]})
+    if "native" in by and "native-shards" in by:
+        native, shards = by["native"], by["native-shards"]
+        out["shards_vs_native_per_cpu_second"] = native["cpu_s_per_sample"] / shards["cpu_s_per_sample"]
+    return out or None
 
 
 def print_ratios(r: dict | None) -> None:
     if r is None:
         return
-    print(f"# native vs webdataset: {r['per_cpu_second']:.2f}x samples per CPU-second (target >= 2); "
-          f"trainer CPU per sample {r['trainer_cpu']:.3f} of webdataset's; samples/s {r['samples_per_s']:.2f}x; "
-          f"data stall {r['native_stall']:.3f} against {r['webdataset_stall']:.3f} (target: native 0)")
+    for name, prefix, stall in (("native", "", "native_stall"), ("native-shards", "shards_", "shards_stall")):
+        if f"{prefix}per_cpu_second" in r:
+            print(f"# {name} vs webdataset: {r[prefix + 'per_cpu_second']:.2f}x samples per CPU-second (target >= 2); "
+                  f"trainer CPU per sample {r[prefix + 'trainer_cpu']:.3f} of webdataset's; samples/s "
+                  f"{r[prefix + 'samples_per_s']:.2f}x; data stall {r[stall]:.3f} against "
+                  f"{r['webdataset_stall']:.3f} (target: native 0)")
+    if "shards_vs_native_per_cpu_second" in r:
+        print(f"# native-shards vs native: {r['shards_vs_native_per_cpu_second']:.2f}x samples per CPU-second")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.pipeline_list = [p.strip() for p in args.pipelines.split(",") if p.strip()]
-    if unknown := set(args.pipeline_list) - {"webdataset", "native"}:
-        raise SystemExit(f"unknown pipelines {sorted(unknown)}: choose from webdataset, native")
+    if unknown := set(args.pipeline_list) - {"webdataset", "native", "native-shards"}:
+        raise SystemExit(f"unknown pipelines {sorted(unknown)}: choose from webdataset, native, native-shards")
     if args.trainer_host:
         return trainer_host(args)
     ok, why = netns.available()
     if not ok:
         raise SystemExit(f"offload_s3 needs namespace hosts: {why}")
     rclone = rclone_path(args.rclone)
-    if "native" in args.pipeline_list:
+    if {"native", "native-shards"} & set(args.pipeline_list):
         offload.offloader_path(args.offloader)  # a clear error before anything starts
     data = args.data or offload.builtin_dataset(args.images)
     work = Path(tempfile.mkdtemp(prefix="dlop-bench-s3-"))

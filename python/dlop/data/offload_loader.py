@@ -3,7 +3,8 @@
 The batch order is a pure function of (seed, epoch), sharded across the
 trainer ranks (``dlop._C.offload.EpochPlan``: DistributedSampler's rules, one
 ``drop_last`` flag for both the sampler and the last incomplete batch), so the
-offloaded path and the local fallback yield the same batches.
+offloaded path and the local fallback yield the same batches. With
+``shuffle="shards"`` the order is by shard (the shard sizes join the inputs).
 """
 
 from __future__ import annotations
@@ -153,6 +154,17 @@ class OffloadLoader:
     ``False``: never): while one is in flight, a batch not due by the next
     step moves at DLOP_DATA_RATE_MBPS at most. DLOP_TRAFFIC_CLASSES=0 turns
     this off with the rest of the scheduling.
+
+    ``shuffle``: True shuffles the samples over the whole dataset each epoch
+    (DistributedSampler's order), False keeps their order, and ``"shards"``
+    (tar shards only: webdataset's ``shardshuffle``) shuffles the order of
+    the shards each epoch, keeps each shard's samples in order and deals
+    contiguous batches of that sequence to the ranks in turn, so a batch is
+    read from a remote shard with one streamed request instead of one per
+    sample. A batch then holds neighbouring samples of one shard (or two),
+    the same ones every epoch (no shuffle buffer mixes them): write samples
+    into the shards in random order. The trainer reads the shards' headers
+    once to learn their sizes.
     """
 
     def __init__(
@@ -160,7 +172,7 @@ class OffloadLoader:
         source: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
         transform: str | dict | None = None,
         batch_size: int = 1,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         seed: int = 0,
         offloaders: Sequence[str] = (),
         token: str | None = None,
@@ -194,7 +206,18 @@ class OffloadLoader:
             self._dataset_size = None
         self._transcripts = manifest_transcripts(self.source) if self.source else None
         self.batch_size = int(batch_size)
+        if isinstance(shuffle, str) and shuffle != "shards":
+            raise ValueError(f"OffloadLoader: shuffle is True, False or \"shards\", not {shuffle!r}")
         self.shuffle = bool(shuffle)
+        self._shard_sizes: list[int] = []
+        if shuffle == "shards":
+            if dataset is not None:
+                raise ValueError("OffloadLoader: shuffle=\"shards\" needs a native source made of tar shards")
+            self._shard_sizes = list(_native.open_source(self.source, self.kind).shard_sizes)
+            if not self._shard_sizes:
+                raise ValueError(f"OffloadLoader: shuffle=\"shards\" needs tar shards; {self.source} is not made "
+                                 "of shards")
+            self._dataset_size = sum(self._shard_sizes)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.workers = int(workers)
@@ -214,7 +237,7 @@ class OffloadLoader:
                         shuffle=self.shuffle, drop_last=self.drop_last, rank=self.rank, world=self.world,
                         prefetch=prefetch, lease_timeout=lease_timeout, no_daemon_timeout=no_daemon_timeout,
                         connect_timeout=connect_timeout, python=self._job,
-                        pacer=_engine_pacer(process_group),
+                        pacer=_engine_pacer(process_group), shard_sizes=self._shard_sizes,
                     )
                 self._manager.add_daemon(*_split(address))
             except Error as e:  # the daemon did not answer or refused: try the next one
@@ -251,7 +274,8 @@ class OffloadLoader:
         if self._dataset_size is None:
             self._dataset_size = len(_native.open_source(self.source, self.kind))
         return _native.EpochPlan(
-            self._dataset_size, self.batch_size, self.seed, self.shuffle, self.drop_last, self.rank, self.world
+            self._dataset_size, self.batch_size, self.seed, self.shuffle, self.drop_last, self.rank, self.world,
+            self._shard_sizes,
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -263,17 +287,19 @@ class OffloadLoader:
 
     def state_dict(self) -> dict:
         """A small cursor: the epoch, the next batch's position and the plan it belongs to."""
-        self._plan()  # learns the dataset size when no daemon told it
+        plan = self._plan()  # learns the dataset size when no daemon told it
         return {
             "epoch": self._epoch, "position": self._position, "seed": self.seed,
             "dataset_size": self._dataset_size, "batch_size": self.batch_size,
             "rank": self.rank, "world": self.world, "shuffle": self.shuffle, "drop_last": self.drop_last,
+            "shards": plan.shards_digest(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """The next iteration resumes the cursor's epoch at its position."""
         mine = self.state_dict()
-        for key in ("seed", "dataset_size", "batch_size", "rank", "world", "shuffle", "drop_last"):
+        state = {"shards": 0, **state}  # a cursor saved before shard plans existed is a sample plan's
+        for key in ("seed", "dataset_size", "batch_size", "rank", "world", "shuffle", "drop_last", "shards"):
             if state[key] != mine[key]:
                 raise ValueError(f"state_dict belongs to another plan: {key} is {state[key]!r}, not {mine[key]!r}")
         self._epoch = int(state["epoch"])

@@ -18,8 +18,19 @@ find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
 # Video clips (FFmpeg) and audio (libsndfile, soxr, kissfft) for offload/.
-pkg_check_modules(FFMPEG REQUIRED IMPORTED_TARGET libavformat libavcodec libavutil libswscale)
-pkg_check_modules(AUDIO REQUIRED IMPORTED_TARGET sndfile soxr kissfft-float)
+# A trainer whose batches all come from daemons decodes nothing itself: it can
+# be built without them (DLOP_WITH_MEDIA=OFF), e.g. on a GPU host that lacks
+# FFmpeg's many libraries. Video and audio specs are then refused by name.
+option(DLOP_WITH_MEDIA "Video and audio decoding in offload/ (FFmpeg, libsndfile, soxr, kissfft)" ON)
+set(DLOP_HAVE_MEDIA ${DLOP_WITH_MEDIA})
+if(DLOP_WITH_MEDIA)
+  pkg_check_modules(FFMPEG IMPORTED_TARGET libavformat libavcodec libavutil libswscale)
+  pkg_check_modules(AUDIO IMPORTED_TARGET sndfile soxr kissfft-float)
+  if(NOT FFMPEG_FOUND OR NOT AUDIO_FOUND)
+    message(FATAL_ERROR "dlop: FFmpeg, libsndfile, soxr or kissfft not found: install them "
+                        "(scripts/setup-system.sh), or configure with -DDLOP_WITH_MEDIA=OFF to build without video and audio")
+  endif()
+endif()
 # dlop-offloader's control connection: HMAC-SHA256 and nonces (libcrypto).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 # Sources in object stores and on HTTP(S) servers (offload/src/store: SigV4 signing).

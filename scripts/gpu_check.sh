@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh [OUT]          (OUT: where results go, default bench/results/gpu_check/<date>-<commit>)
 #
 # It builds dlop against the torch found there (with the Debian packages of
-# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them),
+# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them;
+# without FFmpeg there, with DLOP_WITH_MEDIA=OFF),
 # then runs:
 #   1. the device tests (tests/python/test_c10d_device.py) on CUDA, staged
 #      (DLOP_DEVICE_BACKEND=staged), and delegated to NCCL (auto) where there
@@ -28,17 +29,28 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 # --- dependencies: the machine's own, else the carried .debs in a private prefix
 DEPS=/opt/dlop-deps
 if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
-  mkdir -p "$DEPS"
+  mkdir -p "$DEPS/missing"
   for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
+  # Only the libraries this machine lacks are loaded from the prefix: its own
+  # libssl or libz stay in use by everything else in the process (Python's too).
+  known=$(ldconfig -p | awk '{print $1}')
+  for lib in "$DEPS"/usr/lib/x86_64-linux-gnu/lib*.so.* "$DEPS"/lib/x86_64-linux-gnu/lib*.so.*; do
+    [[ -e $lib ]] && ! grep -qxF "$(basename "$lib")" <<<"$known" && ln -sf "$lib" "$DEPS/missing/"
+  done
   export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
   export CMAKE_PREFIX_PATH="$DEPS/usr:${CMAKE_PREFIX_PATH:-}"
-  export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$DEPS/missing:${LD_LIBRARY_PATH:-}"
   export PATH="$DEPS/usr/bin:$PATH"
   # UCX finds its transport modules next to itself, under the prefix.
   export UCX_MODULE_DIR="$DEPS/usr/lib/x86_64-linux-gnu/ucx"
   # pkg-config files name /usr: point them at the prefix.
   export PKG_CONFIG_SYSROOT_DIR=$DEPS
 fi
+# FFmpeg's and the audio libraries' closure is too large to carry: without
+# them the build has no video or audio (DLOP_WITH_MEDIA=OFF), which nothing
+# below uses.
+MEDIA=ON
+pkg-config --exists libavformat sndfile soxr 2>/dev/null || MEDIA=OFF
 
 {
   echo "# gpu_check at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -52,7 +64,7 @@ GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 # --- build (no C++ tests or benchmarks: the Python side is what runs here)
 G=Ninja; command -v ninja >/dev/null || G="Unix Makefiles"
 cmake -S . -B build-gpu -G "$G" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOP_BUILD_TESTS=OFF -DDLOP_BUILD_BENCH=OFF \
-  -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DDLOP_WITH_MEDIA=$MEDIA -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export PYTHONPATH="$ROOT/python:$ROOT/tests/python:${PYTHONPATH:-}"
 "$PY" -c 'import dlop, dlop._C; print("dlop", dlop.__version__, "loads")' || exit 1

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "bindings.hpp"
+#include "core/config_features.hpp"
 #include "offload/audio.hpp"
 #include "offload/batch_maker.hpp"
 #include "offload/source.hpp"
@@ -19,20 +20,6 @@ namespace dlop::python {
 namespace {
 
 using namespace dlop::offload;
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-
-F32Array array_of(const std::vector<float>& v, std::vector<py::ssize_t> shape) {
-  F32Array a(shape);
-  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
-  return a;
-}
-
-std::span<const float> floats(const F32Array& a) { return {a.data(), static_cast<std::size_t>(a.size())}; }
-
-std::span<const std::uint8_t> bytes_of(const py::bytes& b) {
-  const std::string_view v(b);
-  return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
-}
 
 py::dict layout_dict(const SampleLayout& l) {
   py::dict d;
@@ -81,6 +68,23 @@ void bind_batch_maker(py::module_& m) {
           },
           py::arg("source"), py::arg("indices"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("threads") = 1,
           "-> (samples N x shape, labels (N or N x classes), lengths N or None, [(index, reason) skipped])");
+}
+
+#if DLOP_HAVE_MEDIA
+// Without media (DLOP_WITH_MEDIA=OFF) there is no dlop._C.audio.
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+F32Array array_of(const std::vector<float>& v, std::vector<py::ssize_t> shape) {
+  F32Array a(shape);
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
+  return a;
+}
+
+std::span<const float> floats(const F32Array& a) { return {a.data(), static_cast<std::size_t>(a.size())}; }
+
+std::span<const std::uint8_t> bytes_of(const py::bytes& b) {
+  const std::string_view v(b);
+  return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
 }
 
 void bind_audio(py::module_& m) {
@@ -166,13 +170,16 @@ void bind_audio(py::module_& m) {
       py::arg("data"), py::arg("spec"), py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("index") = 0,
       py::arg("start") = 0.0, py::arg("end") = -1.0, "one sample's n_mels x frames features, as the pipeline makes them");
 }
+#endif
 
 }  // namespace
 
 void bind_media(py::module_& root) {
   py::module_ m = root.attr("offload").cast<py::module_>();
   bind_batch_maker(m);
+#if DLOP_HAVE_MEDIA
   bind_audio(m);
+#endif
 }
 
 }  // namespace dlop::python

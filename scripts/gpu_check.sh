@@ -67,7 +67,7 @@ GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 # --- build (no C++ tests or benchmarks: the Python side is what runs here)
 G=Ninja; command -v ninja >/dev/null || G="Unix Makefiles"
 cmake -S . -B build-gpu -G "$G" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOP_BUILD_TESTS=OFF -DDLOP_BUILD_BENCH=OFF \
-  -DDLOP_WITH_MEDIA=$MEDIA -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DDLOP_WITH_MEDIA=$MEDIA -DCMAKE_CXX_FLAGS="${CXXFLAGS:-}" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export PYTHONPATH="$ROOT/python:$ROOT/tests/python:${PYTHONPATH:-}"
 "$PY" -c 'import dlop, dlop._C; print("dlop", dlop.__version__, "loads")' || exit 1

@@ -31,6 +31,8 @@ DEPS=/opt/dlop-deps
 if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
   mkdir -p "$DEPS/missing"
   for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
+  # Absolute links (zlib1g-dev's libz.so -> /lib/...) must point into the prefix.
+  find "$DEPS" -type l -lname '/*' | while read -r link; do ln -sfn "$DEPS$(readlink "$link")" "$link"; done
   # Only the libraries this machine lacks are loaded from the prefix: its own
   # libssl or libz stay in use by everything else in the process (Python's too).
   known=$(ldconfig -p | awk '{print $1}')

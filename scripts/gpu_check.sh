@@ -29,7 +29,7 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 # --- dependencies: the machine's own, else the carried .debs in a private prefix
 DEPS=/opt/dlop-deps
 if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
-  mkdir -p "$DEPS/missing"
+  rm -rf "$DEPS/missing"; mkdir -p "$DEPS/missing"
   for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
   # Absolute links (zlib1g-dev's libz.so -> /lib/...) must point into the prefix.
   find "$DEPS" -type l -lname '/*' | while read -r link; do ln -sfn "$DEPS$(readlink "$link")" "$link"; done
@@ -37,7 +37,9 @@ if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
   # libssl or libz stay in use by everything else in the process (Python's too).
   known=$(ldconfig -p | awk '{print $1}')
   for lib in "$DEPS"/usr/lib/x86_64-linux-gnu/lib*.so.* "$DEPS"/lib/x86_64-linux-gnu/lib*.so.*; do
-    [[ -e $lib ]] && ! grep -qxF "$(basename "$lib")" <<<"$known" && ln -sf "$lib" "$DEPS/missing/"
+    # UCX's libraries go together with its modules (the machine's own may be another version).
+    [[ -e $lib ]] && { [[ $(basename "$lib") == libuc[pstm].so* ]] || ! grep -qxF "$(basename "$lib")" <<<"$known"; } &&
+      ln -sf "$lib" "$DEPS/missing/"
   done
   export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
   export CMAKE_PREFIX_PATH="$DEPS/usr:${CMAKE_PREFIX_PATH:-}"

@@ -8,6 +8,7 @@
 # .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them;
 # without FFmpeg there, with DLOP_WITH_MEDIA=OFF),
 # then runs:
+#   0. a small all-reduce on CPU and on CUDA with UCX's lanes logged (smoke_*);
 #   1. the device tests (tests/python/test_c10d_device.py) on CUDA, staged
 #      (DLOP_DEVICE_BACKEND=staged), and delegated to NCCL (auto) where there
 #      are two GPUs or more;
@@ -87,13 +88,22 @@ run() {  # run NAME COMMAND...: its output to OUT/NAME.txt, and a line saying ho
 }
 TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
 
-# 1. the device tests on CUDA
-export DLOP_TEST_ACCELERATOR=cuda
-run tests_staged env DLOP_DEVICE_BACKEND=staged "$PY" -m pytest -q tests/python/test_c10d_device.py
+# 0. smoke: one small all-reduce on CPU, then on CUDA, logging UCX's lanes, so
+# a machine where nothing runs says why in a few seconds.
+ucx_info -d >"$OUT/ucx_info.txt" 2>&1 || true
+for dev in cpu cuda; do
+  run "smoke_$dev" timeout 120 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.c10d \
+    --device "$dev" --impls dlop,gloo --ops all_reduce --sizes 8,1M -r 1
+done
+
+# 1. the device tests on CUDA (stopping at the first failure, with its traceback)
+export DLOP_TEST_ACCELERATOR=cuda DLOP_TEST_TIMEOUT=120
+PYTEST=("$PY" -m pytest -q -x -rfE --tb=short -p no:cacheprovider)
+run tests_staged env DLOP_DEVICE_BACKEND=staged "${PYTEST[@]}" tests/python/test_c10d_device.py
 if ((GPUS >= 2)); then
-  run tests_nccl env DLOP_DEVICE_BACKEND=auto "$PY" -m pytest -q tests/python/test_c10d_device.py -k "2ranks or ddp"
+  run tests_nccl env DLOP_DEVICE_BACKEND=auto "${PYTEST[@]}" tests/python/test_c10d_device.py -k "2ranks or ddp"
 fi
-unset DLOP_TEST_ACCELERATOR
+unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
 
 # 2. benchmarks with the peers in the same run
 if ((GPUS >= 2)); then

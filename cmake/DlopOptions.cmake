@@ -1,17 +1,14 @@
 # Compile options for dlop's own targets: warnings are errors, sanitizers on demand.
+# DLOP_WARNINGS_AS_ERRORS is off only where third-party headers from another
+# distribution meet a newer compiler that warns inside them (scripts/gpu_check.sh).
+option(DLOP_WARNINGS_AS_ERRORS "Compile dlop's own code with -Werror" ON)
 add_library(dlop_options INTERFACE)
 target_compile_options(dlop_options INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
   -Wcast-align -Wunused -Woverloaded-virtual
-  -Wimplicit-fallthrough
+  -Wimplicit-fallthrough $<$<BOOL:${DLOP_WARNINGS_AS_ERRORS}>:-Werror>
   # Designated initializers may leave members to their defaults on purpose.
   -Wno-missing-field-initializers)
-# Off only where third-party headers from another distribution meet a newer
-# compiler that warns inside them (scripts/gpu_check.sh with carried packages).
-option(DLOP_WARNINGS_AS_ERRORS "Compile dlop's own code with -Werror" ON)
-if(DLOP_WARNINGS_AS_ERRORS)
-  target_compile_options(dlop_options INTERFACE -Werror)
-endif()
 if(DLOP_SANITIZE)
   target_compile_options(dlop_options INTERFACE -fsanitize=${DLOP_SANITIZE} -fno-omit-frame-pointer)
   target_link_options(dlop_options INTERFACE -fsanitize=${DLOP_SANITIZE})

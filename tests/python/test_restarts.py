@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 
 from c10d_harness import free_port, python_env, venv_bin
+from processes import offloader, wait_for
 
 pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
 
@@ -456,13 +457,6 @@ print("GOT", sorted(got), flush=True)
 SQUARES = sorted(i * i for i in range(8))
 
 
-def offloader_exe() -> str:
-    exe = os.environ.get("DLOP_OFFLOADER") or venv_bin("dlop-offloader")
-    if not os.access(exe, os.X_OK):
-        pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
-    return exe
-
-
 def daemon_counters(address: str) -> dict:
     from dlop._C import offload
 
@@ -470,21 +464,11 @@ def daemon_counters(address: str) -> dict:
     return offload.daemon_stats(host, int(port), TOKEN, 20.0)["counters"]
 
 
-def until(what: str, check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    pytest.fail(f"not within {timeout:.0f} s: {what}")
-
-
 def test_a_killed_trainer_has_its_leases_freed_in_the_daemon(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    daemon = subprocess.Popen([offloader_exe(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
+    daemon = subprocess.Popen([offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
                                "--threads", "1", "--python", venv_bin("python")], stdout=subprocess.PIPE, text=True)
     try:
         line = daemon.stdout.readline()
@@ -495,12 +479,12 @@ def test_a_killed_trainer_has_its_leases_freed_in_the_daemon(tmp_path):
         argv = [venv_bin("python"), str(script), "offload", address, TOKEN]
         trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env=python_env())
-        until("the daemon holds a lease of the trainer", lambda: daemon_counters(address)["open_leases"] > 0)
+        wait_for(lambda: daemon_counters(address)["open_leases"] > 0, 60, "the daemon holds a lease of the trainer")
         trainer.kill()
         trainer.wait()
         # Only this test's own STATS connection is left, and no lease.
-        until("the daemon freed the dead trainer's leases and connection",
-              lambda: (c := daemon_counters(address))["open_leases"] == 0 and c["open_connections"] == 1)
+        wait_for(lambda: (c := daemon_counters(address))["open_leases"] == 0 and c["open_connections"] == 1, 60,
+                 "the daemon freed the dead trainer's leases and connection")
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=python_env())
         assert f"GOT {SQUARES}" in done.stdout, done.stdout + done.stderr
         assert daemon.poll() is None, "the daemon died"
@@ -523,7 +507,7 @@ def test_a_trainer_killed_under_dlop_run_leaves_no_daemon(tmp_path):
         assert len(trainer) == 1 and len(everyone) >= 3, everyone  # the trainer and two daemons (and their workers)
         os.kill(trainer[0], signal.SIGKILL)
         assert run.wait(timeout=60) != 0
-        until("every daemon of dlop run has exited", lambda: not any(alive(p) for p in everyone), 30)
+        wait_for(lambda: not any(alive(p) for p in everyone), 30, "every daemon of dlop run has exited")
     finally:
         for pid in everyone:
             if alive(pid):
@@ -545,8 +529,8 @@ def test_a_killed_dlop_run_leaves_no_daemon_and_the_next_removes_its_token():
         assert len(folders) == 1 and (folders[0] / "token").exists(), folders
         run.kill()
         run.wait()
-        until("the daemon and the command of a SIGKILLed dlop run have exited",
-              lambda: not any(alive(p) for p in everyone), 30)
+        wait_for(lambda: not any(alive(p) for p in everyone), 30,
+                 "the daemon and the command of a SIGKILLed dlop run have exited")
         assert folders[0].exists()  # nothing of ours ran at the SIGKILL
         subprocess.run([venv_bin("dlop"), "run", "--local-offloaders", "1", "--", venv_bin("python"), "-c", "pass"],
                        check=True, capture_output=True, timeout=120, env=python_env())

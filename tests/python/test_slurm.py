@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 import slurm_cluster  # noqa: E402
 import test_dlop_run as run_test  # noqa: E402  (its training script, which knows nothing of dlop)
 
-from slurm_cluster import wait_for  # noqa: E402
+from processes import wait_for  # noqa: E402
 
 from dlop import _slurm, fleet  # noqa: E402
 from dlop.cli import main as dlop_main  # noqa: E402

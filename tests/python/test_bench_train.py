@@ -19,6 +19,8 @@ pytest.importorskip("matplotlib")
 
 from dlop.bench import train, train_report  # noqa: E402
 
+pytestmark = pytest.mark.long_file(seconds=95)  # handed out first (conftest.py)
+
 POSITIVE = ("samples_per_s", "step_ms", "compute_ms", "allreduce_p50_ms", "allreduce_p99_ms",
             "allreduce_p99_idle_ms", "allreduce_p99_replay_ms")
 

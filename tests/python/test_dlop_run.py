@@ -27,7 +27,7 @@ import pytest
 
 from processes import offloader, wait_for
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=150)  # handed out first (conftest.py)
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload

@@ -26,6 +26,8 @@ if not hasattr(offload, "LeaseManager"):
 
 from dlop.data import OffloadLoader  # noqa: E402
 
+pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
+
 TOKEN = "offload-python-test-token-0123456789"
 SEED = 5
 

@@ -45,6 +45,8 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "dlop_he
 BATCH, EPOCHS = 4, 2  # as in test_dlop_run's script, whose training this job runs
 DEADLINE = 120.0  # seconds for the whole job (a hang fails, it does not block the suite)
 
+pytestmark = pytest.mark.long_file(seconds=120)  # handed out first (conftest.py)
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     why_not = slurm_cluster.unavailable()

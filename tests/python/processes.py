@@ -5,7 +5,9 @@
   has imported torch once, so a rank starts in tens of milliseconds instead of
   the seconds its own ``import torch`` takes (most of a short test's time on a
   loaded 2-core machine). :func:`python_env` and :func:`adopt_environment`
-  carry the parent's environment at each start into the rank.
+  carry the parent's environment at each start into the rank; its working
+  directory is the fork server's (the test process's when its first ranks
+  started), so ranks use absolute paths.
 * :func:`wait_for`: a poll with a deadline, for a condition a test cannot be
   told about.
 * :func:`offloader`: the dlop-offloader executable, or a skip.

@@ -10,6 +10,9 @@ can run the same operation on both and compare. Two ways to run:
 * :func:`run_ranks`: fresh ranks for one function, then gone (faults, set-up
   options, exit behaviour).
 
+Ranks are forked from a server that imported torch once (processes.py), so a
+fresh set of ranks costs its process group's set-up, not N imports of torch.
+
 Functions run as ``fn(ctx, *args)`` with a :class:`RankContext`; they must be
 module-level (they are pickled by name) and their results picklable. A rank
 that raises, dies or is still running at the deadline makes the call raise
@@ -22,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
-import multiprocessing as mp
 import os
 import pickle
 import random
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 from typing import Any, Callable
+
+from processes import adopt_environment, python_env, rank_process_context, wait_for
 
 # The default deadline of one call (and of bringing the ranks up), seconds.
 DEFAULT_TIMEOUT = float(os.environ.get("DLOP_TEST_TIMEOUT", "240"))
@@ -121,9 +125,8 @@ def free_port() -> int:
 # The rank side.
 
 
-def _init_rank(rank: int, world_size: int, setup: Setup, workdir: Path, port: int) -> RankContext:
-    os.environ.update(setup.env)
-    os.environ.update(setup.rank_env.get(rank, {}))
+def _init_rank(rank: int, world_size: int, setup: Setup, workdir: Path, port: int, env: dict[str, str]) -> RankContext:
+    adopt_environment(env)
     import torch
     import torch.distributed as dist
 
@@ -150,13 +153,13 @@ def _init_rank(rank: int, world_size: int, setup: Setup, workdir: Path, port: in
     return RankContext(rank, world_size, workdir, gloo)
 
 
-def _rank_main(rank: int, world_size: int, setup: Setup, workdir: str, port: int, conn) -> None:
+def _rank_main(rank: int, world_size: int, setup: Setup, workdir: str, port: int, env: dict[str, str], conn) -> None:
     work = Path(workdir)
     # SIGUSR1 (sent by the parent when a call hangs) writes every thread's stack.
     stacks = open(work / f"rank{rank}.stacks", "w")  # noqa: SIM115  (open until exit)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     try:
-        ctx = _init_rank(rank, world_size, setup, work, port)
+        ctx = _init_rank(rank, world_size, setup, work, port, env)
     except BaseException:  # noqa: BLE001  (the parent reports it)
         conn.send(("error", traceback.format_exc()))
         return
@@ -224,29 +227,21 @@ class Cluster:
             return
         self.starts += 1
         self._workdir = tempfile.TemporaryDirectory(prefix=f"dlop-c10d-{self.world_size}-")
-        ctx = mp.get_context("spawn")  # not fork: the parent may hold OpenMP and UCX threads
+        ctx = rank_process_context()
         port = free_port()
-        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
-            for rank in range(self.world_size):
-                parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(
-                    target=_rank_main,
-                    args=(rank, self.world_size, self.setup, self._workdir.name, port, child_end),
-                    name=f"dlop-rank{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                child_end.close()
-                self._procs.append(proc)
-                self._conns.append(parent_end)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe()
+            env = python_env({**self.setup.env, **self.setup.rank_env.get(rank, {})})
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, self.world_size, self.setup, self._workdir.name, port, env, child_end),
+                name=f"dlop-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
         try:
             self._collect("set-up", self.timeout, may_die=())
         except BaseException:
@@ -392,14 +387,6 @@ def run_ranks(
 # Helpers for the functions that run on the ranks.
 
 
-def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """os.environ for a child Python (scripts, torchrun, mpirun): OMP_NUM_THREADS=1 and extra."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra or {})
-    return env
-
-
 def venv_bin(name: str) -> str:
     """An executable next to this interpreter (torchrun in the venv)."""
     return str(Path(sys.executable).with_name(name))
@@ -491,6 +478,18 @@ def attempt(fn):
         return fn(), None
     except Exception as e:  # noqa: BLE001
         return None, e
+
+
+def mark_done(ctx: RankContext, step: str) -> None:
+    """Tells the other ranks (wait_until_done) that this rank is past step."""
+    (ctx.workdir / f"{step}.rank{ctx.rank}").touch()
+
+
+def wait_until_done(ctx: RankContext, step: str, ranks, timeout: float = 60.0) -> None:
+    """Returns once every rank in ranks is past step (mark_done): a rank that must stay out of an
+    operation until the others have seen it fail waits this long, not a fixed sleep."""
+    wait_for(lambda: all((ctx.workdir / f"{step}.rank{r}").exists() for r in ranks), timeout,
+             f"ranks {list(ranks)} past {step}")
 
 
 def non_contiguous_like(t):

@@ -8,7 +8,9 @@ RESTART_DIR, one line per event:
 - ``up <attempt> <rank> <world> <pid> <resume step>`` once the process group is up;
 - ``kill <attempt> <rank> <where>`` just before a rank kills itself;
 - ``done <attempt> <rank> <world>`` after the last step;
-- ``init <attempt> <rank> <pid>`` just before init_process_group.
+- ``init <attempt> <rank> <pid>`` just before init_process_group;
+
+each line ends with ``@<time.time()>`` (where a restart's seconds go).
 
 With the argument ``exact`` it trains nothing: it runs collectives of
 several sizes whose every result it knows, for RESTART_ITERS iterations, with
@@ -44,7 +46,7 @@ import time
 
 def _event(folder: str, line: str) -> None:
     with open(os.path.join(folder, "events"), "a") as f:  # appends of one short line do not interleave
-        f.write(line + "\n")
+        f.write(f"{line} @{time.time():.3f}\n")
 
 
 def main() -> None:

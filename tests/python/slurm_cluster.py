@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from processes import wait_for
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue", "sinfo", "nsenter",
             "unshare", "ip")
 
@@ -85,19 +87,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, logs: list[Path] = ()):
-    """predicate()'s first true value, polled until `timeout`; else RuntimeError with what and the logs' tails."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    tails = "".join(f"\n--- {p} ---\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                    for p in logs if p.exists())
-    raise RuntimeError(f"timed out after {timeout:g} s: {what}{tails}")
 
 
 SLURM_CONF = """\
@@ -165,7 +154,7 @@ class SlurmCluster:
             for node, namespace in zip(self.nodes, self._namespaces):
                 self._slurmd(node, namespace)
             logs = [self.dir / "slurmctld.log"] + [self.dir / f"slurmd-{n}.log" for n in self.nodes]
-            wait_for(self._all_idle, start_timeout, "the nodes to come up idle", logs)
+            wait_for(self._all_idle, start_timeout, "the nodes to come up idle", logs, interval=0.1)
         except BaseException:
             self.close()
             raise

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from processes import offloader
+
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 
@@ -161,15 +163,6 @@ def batches(source, epoch: int) -> list[tuple[bytes, bytes]]:
         images, labels, _ = pipeline.run_batch(source, indices, seed=SEED, epoch=epoch)
         out.append((images.tobytes(), np.asarray(labels).tobytes()))
     return out
-
-
-
-def offloader() -> str:
-    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
 
 
 @pytest.fixture()

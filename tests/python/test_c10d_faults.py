@@ -25,9 +25,9 @@ import time
 
 import pytest
 
-from c10d_harness import Cluster, Dead, Setup, attempt, run_ranks, shared_cluster
+from c10d_harness import Cluster, Dead, Setup, attempt, mark_done, run_ranks, shared_cluster, wait_until_done
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=65)  # handed out first (conftest.py)
 
 
 def _mro(err) -> list[str]:
@@ -102,10 +102,11 @@ def rank_peer_never_joins(ctx) -> dict | None:
     import torch.distributed as dist
 
     if ctx.rank == 1:
-        time.sleep(6)
+        wait_until_done(ctx, "all_reduce", [0])
         return None
     t = time.monotonic()
     err = attempt(lambda: dist.all_reduce(torch.ones(100)))[1]
+    mark_done(ctx, "all_reduce")
     return dict(elapsed=time.monotonic() - t, message=str(err), type=type(err).__name__, mro=_mro(err))
 
 
@@ -125,9 +126,11 @@ def rank_big_op_times_out_then_exit(ctx) -> str | None:
     import torch.distributed as dist
 
     if ctx.rank == 1:
-        time.sleep(6)
+        wait_until_done(ctx, "all_reduce", [0])
         return None
-    return type(attempt(lambda: dist.all_reduce(torch.ones(4 << 20)))[1]).__name__
+    err = attempt(lambda: dist.all_reduce(torch.ones(4 << 20)))[1]
+    mark_done(ctx, "all_reduce")
+    return type(err).__name__
 
 
 @pytest.mark.parametrize("hosts", (False, True))
@@ -442,10 +445,11 @@ def rank_monitored_barrier(ctx, absent: tuple, wait_all: bool) -> dict:
     import torch.distributed as dist
 
     if ctx.rank in absent:
-        time.sleep(4)
+        wait_until_done(ctx, "monitored_barrier", [r for r in range(ctx.world_size) if r not in absent])
         return {}
     t = time.monotonic()
     err = attempt(lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=wait_all))[1]
+    mark_done(ctx, "monitored_barrier")
     return dict(elapsed=time.monotonic() - t, error=None if err is None else f"{type(err).__name__}: {err}")
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from c10d_harness import Setup, free_port, python_env, run_ranks, venv_bin
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=80)  # handed out first (conftest.py)
 
 HERE = os.path.abspath(__file__)
 

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from c10d_harness import Setup, attempt, check, make_input, mismatch, run_ranks, shared_cluster
+from c10d_harness import Setup, attempt, check, make_input, mark_done, mismatch, run_ranks, shared_cluster, wait_until_done
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=50)  # handed out first (conftest.py)
 
 WORLDS = (1, 2, 3, 4)
 
@@ -440,7 +440,7 @@ def rank_failed_op(ctx) -> dict:
     import torch.distributed as dist
 
     if ctx.rank == ctx.world_size - 1:
-        time.sleep(8)
+        wait_until_done(ctx, "failed_op", range(ctx.world_size - 1))
         return {}
     x = torch.ones(4)
     t = time.monotonic()
@@ -461,6 +461,7 @@ def rank_failed_op(ctx) -> dict:
         out["blocking_completed"] = blocking.is_completed()
         out["blocking_error"] = repr(attempt(blocking.wait)[1])
         out["blocking_future_error"] = repr(attempt(blocking.get_future().wait)[1])
+    mark_done(ctx, "failed_op")
     return out
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import offloader, wait_for
+
 dist = pytest.importorskip("torch.distributed")
 
 from dlop.data import discovery  # noqa: E402
@@ -76,22 +78,22 @@ def test_watcher_reports_existing_then_late_joiners_once_each(store):
         if address == "10.0.0.2:2":
             raise RuntimeError("a failing callback is logged, not raised")
 
-    def wait_for(n: int) -> None:
+    def wait_for_reports(n: int) -> None:
         with changed:
             assert changed.wait_for(lambda: len(got) >= n, timeout=10), got
 
     with discovery.Watcher(client(store), callback, interval=0.05) as w:
-        wait_for(1)
+        wait_for_reports(1)
         discovery.announce(client(store), "10.0.0.2:2")
-        wait_for(2)
+        wait_for_reports(2)
         # An announcer that died between taking its index and setting its entry
         # leaves a hole: later joiners are still reported, in order.
         store.add(discovery.COUNT, 1)
         discovery.announce(client(store), "10.0.0.1:1")  # a duplicate: not reported again
         discovery.announce(client(store), "10.0.0.3:3")
-        wait_for(3)
+        wait_for_reports(3)
         store.set("dlop/offloaders/3", "10.0.0.4:4")  # the hole filled late: reported
-        wait_for(4)
+        wait_for_reports(4)
         time.sleep(0.3)  # more polls: nothing new
         start = time.monotonic()
     assert time.monotonic() - start < 2  # stop() is prompt
@@ -118,12 +120,6 @@ def _dlop() -> list[str]:
     return [sys.executable, "-m", "dlop.cli"]
 
 
-def _needs_daemon() -> None:
-    exe = os.environ.get("DLOP_OFFLOADER") or str(Path(sys.executable).parent / "dlop-offloader")
-    if not os.access(exe, os.X_OK):
-        pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
-
-
 @pytest.fixture()
 def token_file(tmp_path):
     f = tmp_path / "token"
@@ -132,18 +128,8 @@ def token_file(tmp_path):
     return f
 
 
-def _wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_dlop_offloader_announces_a_working_daemon_and_withdraws_it(store, token_file, tmp_path):
-    _needs_daemon()
+    offloader()  # or a skip
     torch = pytest.importorskip("torch")
     from dlop.data import OffloadLoader
     from dlop.data.make_dataset import main as make_dataset
@@ -154,7 +140,7 @@ def test_dlop_offloader_announces_a_working_daemon_and_withdraws_it(store, token
                                        "--token-file", str(token_file), "--threads", "1"],
                             stdout=subprocess.PIPE, text=True)
     try:
-        addresses = _wait_for(lambda: discovery.discover(store), "the announcement")
+        addresses = wait_for(lambda: discovery.discover(store), 30, "the announcement")
         assert len(addresses) == 1 and addresses[0].startswith("127.0.0.1:")
         assert "listening on " + addresses[0] in proc.stdout.readline()  # the daemon's own line, relayed
         assert f"announced {addresses[0]}" in proc.stdout.readline()
@@ -175,7 +161,7 @@ def test_dlop_offloader_announces_a_working_daemon_and_withdraws_it(store, token
 
 
 def test_dlop_offloader_reports_a_daemon_that_cannot_start(store, tmp_path):
-    _needs_daemon()
+    offloader()  # or a skip
     loose = tmp_path / "token"
     loose.write_text(TOKEN)
     loose.chmod(0o644)  # the daemon refuses a token file others can read
@@ -187,7 +173,7 @@ def test_dlop_offloader_reports_a_daemon_that_cannot_start(store, tmp_path):
 
 
 def test_dlop_offloader_names_an_unreachable_store(token_file):
-    _needs_daemon()
+    offloader()  # or a skip
     done = subprocess.run(_dlop() + ["offloader", "--store", "127.0.0.1:1", "--store-timeout", "1",
                                      "--listen", "127.0.0.1:0", "--token-file", str(token_file)],
                           capture_output=True, text=True, timeout=60)

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+from processes import offloader, wait_for
+
+pytestmark = pytest.mark.long_file(seconds=150)  # handed out first (conftest.py)
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -106,13 +108,6 @@ def setup(tmp_path_factory):
     return data, script, keys
 
 
-def _daemon_exe() -> str:
-    exe = os.environ.get("DLOP_OFFLOADER") or str(BIN / "dlop-offloader")
-    if not os.access(exe, os.X_OK):
-        pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
-    return exe
-
-
 @pytest.fixture()
 def token_file(tmp_path):
     f = tmp_path / "token"
@@ -126,7 +121,7 @@ class Daemon:
 
     def __init__(self, token_file: Path, log: Path) -> None:
         self.log = log
-        self.proc = subprocess.Popen([_daemon_exe(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
+        self.proc = subprocess.Popen([offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
                                       "--threads", "1"], stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
                                      env={**os.environ, "DLOP_LOG_LEVEL": "info"})
         line = self.proc.stdout.readline()
@@ -217,16 +212,16 @@ def test_an_unreachable_offloader_warns_once_and_changes_nothing(setup, plain, t
 def test_discovered_offloaders_including_one_joining_mid_epoch(setup, plain, token_file, tmp_path):
     data, script, keys = setup
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    offloader = [sys.executable, "-m", "dlop.cli", "offloader", "--store", f"127.0.0.1:{store.port}",
+    offloader_argv = [sys.executable, "-m", "dlop.cli", "offloader", "--store", f"127.0.0.1:{store.port}",
                  "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1"]
     logged = _env(DLOP_LOG_LEVEL="info")  # the daemons' log names each job they serve
-    first = subprocess.Popen(offloader, stdout=subprocess.PIPE, stderr=(tmp_path / "first.log").open("w"), text=True,
+    first = subprocess.Popen(offloader_argv, stdout=subprocess.PIPE, stderr=(tmp_path / "first.log").open("w"), text=True,
                              env=logged)
     second = trainer = None
     try:
         from dlop.data import discovery
 
-        assert _wait(lambda: discovery.discover(store), 30)
+        wait_for(lambda: discovery.discover(store), 30, "the first offloader's announcement")
         gate = tmp_path / "go"
         trainer = subprocess.Popen(
             dlop_run("--discover", "--store", f"127.0.0.1:{store.port}", "--token-file", str(token_file), "--",
@@ -234,9 +229,9 @@ def test_discovered_offloaders_including_one_joining_mid_epoch(setup, plain, tok
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=_env(TEST_GATE_MID=str(gate), DLOP_RUN_DISCOVER_INTERVAL="0.1"))
         assert trainer.stdout.readline().strip() == "PAUSED TEST_GATE_MID"  # one batch in, from the first
-        second = subprocess.Popen(offloader, stdout=subprocess.PIPE, stderr=(tmp_path / "second.log").open("w"),
+        second = subprocess.Popen(offloader_argv, stdout=subprocess.PIPE, stderr=(tmp_path / "second.log").open("w"),
                                   text=True, env=logged)
-        joined = _wait(lambda: discovery.discover(store)[1:], 30)[0]
+        joined = wait_for(lambda: discovery.discover(store)[1:], 30, "the second offloader's announcement")[0]
         time.sleep(0.5)  # a few watcher polls
         gate.touch()
         out, err = trainer.communicate(timeout=120)
@@ -269,12 +264,12 @@ def test_torchrun_two_ranks_discovering_through_the_process_group_store(setup, p
         dlop_run("--discover", "--token-file", str(token_file), "--", "torchrun", "--nproc-per-node", "2",
                  "--master-addr", "127.0.0.1", "--master-port", str(port), str(script), str(data)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(TEST_GATE_START=str(gate)))
-    offloader = subprocess.Popen([sys.executable, "-m", "dlop.cli", "offloader", "--store", f"127.0.0.1:{port}",
+    announcer = subprocess.Popen([sys.executable, "-m", "dlop.cli", "offloader", "--store", f"127.0.0.1:{port}",
                                   "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1"],
                                  stdout=subprocess.PIPE, stderr=(tmp_path / "daemon.log").open("w"), text=True,
                                  env=_env(DLOP_LOG_LEVEL="info"))
     try:
-        for line in offloader.stdout:  # the daemon's line, then the announcement
+        for line in announcer.stdout:  # the daemon's line, then the announcement
             if "announced" in line:
                 break
         gate.touch()
@@ -290,23 +285,13 @@ def test_torchrun_two_ranks_discovering_through_the_process_group_store(setup, p
             for r in ranks:
                 plan = offload.EpochPlan(len(keys), 4, 0, True, False, r["rank"], 2).batches(epoch)
                 assert r["epochs"][epoch] == [[keys[i] for i in batch] for batch in plan]
-        offloader.send_signal(signal.SIGTERM)
-        assert offloader.wait(timeout=20) == 0
+        announcer.send_signal(signal.SIGTERM)
+        assert announcer.wait(timeout=20) == 0
     finally:
-        for p in (offloader, trainer):
+        for p in (announcer, trainer):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-
-
-def _wait(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 # ------------------------------------------------------------ the launcher itself
@@ -492,7 +477,7 @@ def test_local_offloaders_go_when_dlop_run_is_killed(setup, tmp_path, sig):
             assert code == -signal.SIGKILL
         else:
             assert code != 0
-        _wait(lambda: not any(_alive(pid) for pid in everyone), 30)
+        wait_for(lambda: not any(_alive(pid) for pid in everyone), 30, "every process of dlop run to exit")
     finally:
         gate.touch()
         for pid in everyone:

@@ -183,9 +183,9 @@ SPEC = {"ops": [{"op": "random_resized_crop", "size": 16}]}
 
 @pytest.fixture()
 def offloader(tmp_path):
-    from test_offload_loader import _offloader
+    import processes
 
-    exe = _offloader()
+    exe = processes.offloader()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)

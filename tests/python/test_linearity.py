@@ -26,7 +26,7 @@ from dlop.bench import linearity, linearity_calibrate as cal, linearity_report a
 from dlop.bench.linearity_plots import PLOT_DPI, PLOT_INCHES
 from dlop.bench.linearity_text import PLOTS
 
-pytestmark = pytest.mark.long_file  # minutes in all: handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=110)  # handed out first (conftest.py)
 
 DLOP = Path(sys.executable).with_name("dlop")
 MIB = 2**20

@@ -35,6 +35,7 @@ ok, why = netns.available()
 # was fixed after its last run (survivors left at once and were named instead).
 pytestmark = [
     pytest.mark.skipif(not ok, reason=f"cannot make network namespaces here: {why}"),
+    pytest.mark.long_file(seconds=130),  # handed out first (conftest.py)
 ]
 
 

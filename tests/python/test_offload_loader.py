@@ -6,7 +6,6 @@ and with no daemon the local fallback warns once and yields the same batches."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import warnings
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from processes import offloader
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -23,7 +24,6 @@ if not hasattr(offload, "LeaseManager"):
 from dlop.data import OffloadLoader  # noqa: E402
 from dlop.data.make_dataset import main as make_dataset  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "offload-loader-test-token-0123456789"
 SPEC = {
     "ops": [
@@ -33,15 +33,6 @@ SPEC = {
     ]
 }
 SEED, BATCH = 11, 4
-
-
-def _offloader() -> str:
-    candidates = [os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-                  str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""]
-    for c in candidates:
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
 
 
 class Daemon:
@@ -69,7 +60,7 @@ def dataset(tmp_path_factory) -> str:
 
 @pytest.fixture()
 def daemons(tmp_path):
-    exe = _offloader()
+    exe = offloader()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)

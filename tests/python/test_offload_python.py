@@ -6,8 +6,6 @@ resumes mid-epoch, and bad input fails with a message naming it."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from processes import offloader
+
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 if not hasattr(offload, "LeaseManager"):
@@ -26,7 +26,8 @@ if not hasattr(offload, "LeaseManager"):
 
 from dlop.data import OffloadLoader  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
+
 TOKEN = "offload-python-test-token-0123456789"
 SEED = 5
 
@@ -94,19 +95,11 @@ class Unpicklable(Mixed):
         self.lock = threading.Lock()
 
 
-def _offloader() -> str:
-    for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""):
-        if c and os.access(c, os.X_OK):
-            return c
-    pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
-
-
 class Daemon:
     def __init__(self, token_file: Path, *extra: str, python: str = sys.executable) -> None:
         # The workers need an interpreter that imports dlop: this one.
         self.proc = subprocess.Popen(
-            [_offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1",
+            [offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1",
              "--python", python, *extra],
             stdout=subprocess.PIPE, text=True,
         )

@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 import slurm_cluster  # noqa: E402
 import test_dlop_run as run_test  # noqa: E402  (its training script, which knows nothing of dlop)
 
-from slurm_cluster import wait_for  # noqa: E402
+from processes import wait_for  # noqa: E402
 
 from dlop import _slurm, fleet  # noqa: E402
 from dlop.cli import main as dlop_main  # noqa: E402
@@ -44,6 +44,8 @@ BIN = Path(sys.executable).parent
 TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "dlop_hetjob.sbatch"
 BATCH, EPOCHS = 4, 2  # as in test_dlop_run's script, whose training this job runs
 DEADLINE = 120.0  # seconds for the whole job (a hang fails, it does not block the suite)
+
+pytestmark = pytest.mark.long_file(seconds=120)  # handed out first (conftest.py)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

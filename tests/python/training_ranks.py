@@ -3,29 +3,31 @@
 Used by test_ddp.py and test_fsdp.py: every rank initialises the default
 process group with backend "dlop" and one Gloo group over the same ranks, so a
 training case can run once on each and the parent compares the two. Ranks are
-spawned (not forked: the pytest process may already hold OpenMP threads), and
-a deadline turns a hang into a failure naming the ranks still running.
+forked from a server that has imported torch once (processes.py), and a
+deadline turns a hang into a failure naming the ranks still running.
 """
 
 from __future__ import annotations
 
 import datetime
 import faulthandler
-import multiprocessing as mp
 import os
 import pickle
 import time
 import traceback
 from pathlib import Path
 
+from processes import adopt_environment, python_env, rank_process_context
 
-def _rank_main(fn, rank: int, world_size: int, workdir: str, stacks_at: float) -> None:
+
+def _rank_main(fn, rank: int, world_size: int, workdir: str, stacks_at: float, env: dict[str, str]) -> None:
     out = Path(workdir) / f"rank{rank}.pkl"
     # Shortly before the parent gives up, every thread's Python stack goes to
     # a file that the parent's error message includes.
     stacks = open(Path(workdir) / f"rank{rank}.stacks", "w")  # noqa: SIM115  (open until exit)
     faulthandler.dump_traceback_later(max(1.0, stacks_at - time.time()), file=stacks)
     try:
+        adopt_environment(env)
         import torch
         import torch.distributed as dist
 
@@ -52,23 +54,17 @@ def _rank_main(fn, rank: int, world_size: int, workdir: str, stacks_at: float) -
 def run_ranks(fn, world_size: int, workdir: Path, timeout_s: float = 240) -> list:
     """fn(rank, world_size, dlop_group, gloo_group) on each rank; its results by rank.
 
-    fn must be a module-level function (it is pickled by name for spawn).
+    fn must be a module-level function (it is pickled by name).
     Raises AssertionError with the rank's traceback if one failed, or naming
     the ranks that had not finished after timeout_s.
     """
-    ctx = mp.get_context("spawn")
+    ctx = rank_process_context()
     stacks_at = time.time() + timeout_s - 10
-    env_before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
-    try:
-        procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, str(workdir), stacks_at)) for r in range(world_size)]
-        for p in procs:
-            p.start()
-    finally:
-        if env_before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_before
+    env = python_env()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, str(workdir), stacks_at, env))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s)
     for p in procs:
         p.join(max(0.0, (deadline - datetime.datetime.now()).total_seconds()))

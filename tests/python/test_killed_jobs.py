@@ -27,7 +27,7 @@ import pytest
 
 from c10d_harness import free_port, python_env, venv_bin
 from processes import offloader, wait_for
-from torchrun_jobs import Job, alive, descendants, torchrun
+from torchrun_jobs import Job, alive, descendants, kill_leftovers, torchrun
 
 pytestmark = pytest.mark.long_file(seconds=120)  # handed out first (conftest.py)
 
@@ -214,12 +214,7 @@ def test_a_trainer_killed_under_dlop_run_leaves_no_daemon(tmp_path):
         assert run.wait(timeout=60) != 0
         wait_for(lambda: not any(alive(p) for p in everyone), 30, "every daemon of dlop run has exited")
     finally:
-        for pid in everyone:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        kill_leftovers(everyone, run)
 
 
 def test_a_killed_dlop_run_leaves_no_daemon_and_the_next_removes_its_token():
@@ -241,9 +236,4 @@ def test_a_killed_dlop_run_leaves_no_daemon_and_the_next_removes_its_token():
                        check=True, capture_output=True, timeout=120, env=python_env())
         assert not folders[0].exists(), "the next dlop run left the dead one's token folder"
     finally:
-        for pid in everyone:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        kill_leftovers(everyone, run)

@@ -43,6 +43,16 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def kill_leftovers(pids: list[int], launcher) -> None:
+    """SIGKILLs whatever of `pids` still runs, and the launcher (a Popen) if it has not exited: a test's cleanup."""
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
+
+
 class Job:
     """One torchrun (or, with `popen`, another launcher) of restart_training.py in its own folder."""
 

@@ -27,42 +27,6 @@ OUT=${1:-bench/results/gpu_check/$(date -u +%Y-%m-%d)-$REV}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 
-# --- dependencies: the machine's own, else the carried .debs in a private prefix
-DEPS=/opt/dlop-deps
-if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
-  rm -rf "$DEPS/missing"; mkdir -p "$DEPS/missing"
-  for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
-  # Absolute links (zlib1g-dev's libz.so -> /lib/...) must point into the prefix.
-  find "$DEPS" -type l -lname '/*' | while read -r link; do ln -sfn "$DEPS$(readlink "$link")" "$link"; done
-  # Only the libraries this machine lacks are loaded from the prefix: its own
-  # libssl or libz stay in use by everything else in the process (Python's too).
-  known=$(ldconfig -p | awk '{print $1}')
-  for lib in "$DEPS"/usr/lib/x86_64-linux-gnu/lib*.so.* "$DEPS"/lib/x86_64-linux-gnu/lib*.so.*; do
-    # UCX's libraries go together with its modules (the machine's own may be another version).
-    [[ -e $lib ]] && { [[ $(basename "$lib") == libuc[pstm].so* ]] || ! grep -qxF "$(basename "$lib")" <<<"$known"; } &&
-      ln -sf "$lib" "$DEPS/missing/"
-  done
-  export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
-  export CMAKE_PREFIX_PATH="$DEPS/usr:${CMAKE_PREFIX_PATH:-}"
-  export LD_LIBRARY_PATH="$DEPS/missing:${LD_LIBRARY_PATH:-}"
-  export PATH="$DEPS/usr/bin:$PATH"
-  # UCX finds its transport modules next to itself, under the prefix.
-  export UCX_MODULE_DIR="$DEPS/usr/lib/x86_64-linux-gnu/ucx"
-  # pkg-config files name /usr: point them at the prefix.
-  export PKG_CONFIG_SYSROOT_DIR=$DEPS
-  # Their headers are third-party: a newer GCC's warnings in them must not
-  # fail the build. GCC 13 reports false array-bounds and stringop-overflow
-  # warnings in fmt 9's inlined code at our call sites, which -isystem cannot
-  # silence: warnings stay warnings there (CI keeps -Werror).
-  export CXXFLAGS="-isystem $DEPS/usr/include ${CXXFLAGS:-}"
-  WERROR=OFF
-fi
-# FFmpeg's and the audio libraries' closure is too large to carry: without
-# them the build has no video or audio (DLOP_WITH_MEDIA=OFF), which nothing
-# below uses.
-MEDIA=ON
-pkg-config --exists libavformat sndfile soxr 2>/dev/null || MEDIA=OFF
-
 {
   echo "# gpu_check at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "command: scripts/gpu_check.sh $*"
@@ -70,15 +34,11 @@ pkg-config --exists libavformat sndfile soxr 2>/dev/null || MEDIA=OFF
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
 } | tee "$OUT/machine.txt"
+# --- dependencies and the build (exports what running dlop needs)
+source scripts/gpu_build.sh "$OUT" || exit 1
+
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 
-# --- build (no C++ tests or benchmarks: the Python side is what runs here)
-G=Ninja; command -v ninja >/dev/null || G="Unix Makefiles"
-cmake -S . -B build-gpu -G "$G" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOP_BUILD_TESTS=OFF -DDLOP_BUILD_BENCH=OFF \
-  -DDLOP_WITH_MEDIA=$MEDIA -DCMAKE_CXX_FLAGS="${CXXFLAGS:-}" -DDLOP_WARNINGS_AS_ERRORS=${WERROR:-ON} -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-export PYTHONPATH="$ROOT/python:$ROOT/tests/python:${PYTHONPATH:-}"
-"$PY" -c 'import dlop, dlop._C; print("dlop", dlop.__version__, "loads")' || exit 1
 
 status=0
 run() {  # run NAME COMMAND...: its output to OUT/NAME.txt, and a line saying how it went

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Sourced by scripts/gpu_check.sh, or on its own on a GPU machine before any
+# command of your own there:
+#
+#   source scripts/gpu_build.sh [LOGS]     (LOGS: where configure.log and build.log go, default build-gpu)
+#
+# Builds dlop in build-gpu against the torch found there, with the Debian
+# packages of .gpu_deps/ (made here by scripts/gpu_deps.sh) where the machine
+# lacks them, and exports what running it needs (PYTHONPATH, LD_LIBRARY_PATH,
+# UCX_MODULE_DIR). Returns non-zero if the build or the import fails.
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || return 1
+ROOT=$PWD
+PY=${PY:-${PYTHON:-python3}}
+LOGS=${1:-build-gpu}
+mkdir -p "$LOGS"
+
+# --- dependencies: the machine's own, else the carried .debs in a private prefix
+DEPS=/opt/dlop-deps
+if [[ -d .gpu_deps ]] && ! pkg-config --exists ucx 2>/dev/null; then
+  rm -rf "$DEPS/missing"; mkdir -p "$DEPS/missing"
+  for deb in .gpu_deps/*.deb; do dpkg -x "$deb" "$DEPS"; done
+  # Absolute links (zlib1g-dev's libz.so -> /lib/...) must point into the prefix.
+  find "$DEPS" -type l -lname '/*' | while read -r link; do ln -sfn "$DEPS$(readlink "$link")" "$link"; done
+  # Only the libraries this machine lacks are loaded from the prefix: its own
+  # libssl or libz stay in use by everything else in the process (Python's too).
+  known=$(ldconfig -p | awk '{print $1}')
+  for lib in "$DEPS"/usr/lib/x86_64-linux-gnu/lib*.so.* "$DEPS"/lib/x86_64-linux-gnu/lib*.so.*; do
+    # UCX's libraries go together with its modules (the machine's own may be another version).
+    [[ -e $lib ]] && { [[ $(basename "$lib") == libuc[pstm].so* ]] || ! grep -qxF "$(basename "$lib")" <<<"$known"; } &&
+      ln -sf "$lib" "$DEPS/missing/"
+  done
+  export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
+  export CMAKE_PREFIX_PATH="$DEPS/usr:${CMAKE_PREFIX_PATH:-}"
+  export LD_LIBRARY_PATH="$DEPS/missing:${LD_LIBRARY_PATH:-}"
+  export PATH="$DEPS/usr/bin:$PATH"
+  # UCX finds its transport modules next to itself, under the prefix.
+  export UCX_MODULE_DIR="$DEPS/usr/lib/x86_64-linux-gnu/ucx"
+  # pkg-config files name /usr: point them at the prefix.
+  export PKG_CONFIG_SYSROOT_DIR=$DEPS
+  # Their headers are third-party: a newer GCC's warnings in them must not
+  # fail the build. GCC 13 reports false array-bounds and stringop-overflow
+  # warnings in fmt 9's inlined code at our call sites, which -isystem cannot
+  # silence: warnings stay warnings there (CI keeps -Werror).
+  export CXXFLAGS="-isystem $DEPS/usr/include ${CXXFLAGS:-}"
+  WERROR=OFF
+fi
+# FFmpeg's and the audio libraries' closure is too large to carry: without
+# them the build has no video or audio (DLOP_WITH_MEDIA=OFF), which nothing
+# below uses.
+MEDIA=ON
+pkg-config --exists libavformat sndfile soxr 2>/dev/null || MEDIA=OFF
+
+# --- build (no C++ tests or benchmarks: the Python side is what runs here)
+G=Ninja; command -v ninja >/dev/null || G="Unix Makefiles"
+cmake -S . -B build-gpu -G "$G" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOP_BUILD_TESTS=OFF -DDLOP_BUILD_BENCH=OFF \
+  -DDLOP_WITH_MEDIA=$MEDIA -DCMAKE_CXX_FLAGS="${CXXFLAGS:-}" -DDLOP_WARNINGS_AS_ERRORS=${WERROR:-ON} -DPython_EXECUTABLE="$(command -v "$PY")" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; return 1; }
+cmake --build build-gpu -j"$(nproc)" >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; return 1; }
+export PYTHONPATH="$ROOT/python:$ROOT/tests/python:${PYTHONPATH:-}"
+"$PY" -c 'import dlop, dlop._C; print("dlop", dlop.__version__, "loads")' || return 1
+{
+  echo "compiler: $(grep -m1 CMAKE_CXX_COMPILER: build-gpu/CMakeCache.txt | cut -d= -f2) ($(readlink -f "$(grep -m1 CMAKE_CXX_COMPILER: build-gpu/CMakeCache.txt | cut -d= -f2)"))"
+  readelf -d python/dlop/_C*.so | grep NEEDED | tr -s ' ' | cut -d' ' -f5- | tr '\n' ' '; echo
+  echo "libstdc++ symbols exported by dlop._C: $(nm -D --defined-only python/dlop/_C*.so | grep -c ' _ZNS[aio]')"
+} | tee -a "$LOGS/machine.txt"
+# Unmodified scripts find the backend through the package's entry point, as
+# pip would install it: give this source tree the same metadata.
+SITE=$ROOT/build-gpu/site; mkdir -p "$SITE/dlop-0.0.dist-info"
+printf 'Metadata-Version: 2.1\nName: dlop\nVersion: 0.0\n' >"$SITE/dlop-0.0.dist-info/METADATA"
+sed -n '/^\[project.entry-points/,/^$/p' pyproject.toml | sed -e 's/^\[project.entry-points."\(.*\)"\]/[\1]/' -e 's/"//g' \
+  >"$SITE/dlop-0.0.dist-info/entry_points.txt"
+export PYTHONPATH="$SITE:$PYTHONPATH"

@@ -7,7 +7,9 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -167,9 +169,43 @@ std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes
   return pool->acquire(bytes);
 }
 
+namespace {
+// A copy out waits for the caller's stream to reach the call, which on a GPU
+// is often many kernels behind the thread that launched them. The engine asks
+// ready() at each of its passes, and each query is a driver call competing
+// with that thread's kernel launches: asked at every pass (millions of times
+// a second), DDP on one H100 shared by two ranks ran at 0.62x the images/s of
+// the same run delegated to Gloo. So the device is asked at once, then at
+// intervals doubling up to the longest, which is all a late copy can add to
+// its call.
+constexpr std::int64_t kFirstQueryIntervalNs = 16'000;
+constexpr std::int64_t kLongestQueryIntervalNs = 256'000;
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 StreamEvent::StreamEvent(c10::Device device, const c10::Stream& stream)
-    : event_(device.type()), what_(fmt::format("the copy of its inputs from {} (stream {})", device.str(), stream.id())) {
+    : event_(device.type()),
+      what_(fmt::format("the copy of its inputs from {} (stream {})", device.str(), stream.id())),
+      interval_ns_(kFirstQueryIntervalNs) {
   event_.record(stream);
+}
+
+bool StreamEvent::ready() const {
+  if (passed_.load(std::memory_order_acquire)) return true;
+  const std::int64_t now = steady_ns();
+  if (now < next_query_ns_.load(std::memory_order_relaxed)) return false;
+  if (event_.query()) {
+    passed_.store(true, std::memory_order_release);
+    return true;
+  }
+  const std::int64_t interval = interval_ns_.load(std::memory_order_relaxed);
+  next_query_ns_.store(now + interval, std::memory_order_relaxed);
+  interval_ns_.store(std::min(interval * 2, kLongestQueryIntervalNs), std::memory_order_relaxed);
+  return false;
 }
 
 std::string StreamEvent::describe() const { return what_; }

@@ -22,6 +22,8 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -53,17 +55,22 @@ InternalStreams internal_streams(c10::Device device);
 // back to the pool when its last holder drops it.
 std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes);
 
-// An event on a device stream as the engine sees it.
+// An event on a device stream as the engine sees it. The engine asks at every
+// progress pass; the device is asked at most every few tens of microseconds
+// (see ready()).
 class StreamEvent final : public sched::ReadyEvent {
  public:
   StreamEvent(c10::Device device, const c10::Stream& stream);  // records at once
-  bool ready() const override { return event_.query(); }
+  bool ready() const override;
   std::string describe() const override;
   const c10::Event& event() const { return event_; }
 
  private:
   c10::Event event_;
   std::string what_;
+  mutable std::atomic<bool> passed_{false};
+  mutable std::atomic<std::int64_t> next_query_ns_{0};  // steady clock
+  mutable std::atomic<std::int64_t> interval_ns_;
 };
 
 // What a staged call keeps alive until its end event has passed: pinned

@@ -43,6 +43,7 @@ PYBIND11_MODULE(_accelerator, m) {
   m.def(
       "synchronize", [](int index) { ta::synchronize_device(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());
+  m.def("event_queries", [] { return ta::event_queries(); });
   m.def("timing", [] {
     const auto t = ta::timing();
     return std::make_tuple(static_cast<int64_t>(t.delay.count()), t.copy_gbps);

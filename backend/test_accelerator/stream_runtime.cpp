@@ -313,7 +313,14 @@ void Event::block(const c10::Stream& stream) const {
   w.enqueue([marker] { marker.worker->wait_passed(marker.position); });
 }
 
+namespace {
+std::atomic<uint64_t> g_event_queries{0};
+}  // namespace
+
+uint64_t event_queries() { return g_event_queries.load(std::memory_order_relaxed); }
+
 bool Event::query() const {
+  g_event_queries.fetch_add(1, std::memory_order_relaxed);
   const auto marker = last();
   return marker.worker == nullptr || marker.worker->passed(marker.position);
 }

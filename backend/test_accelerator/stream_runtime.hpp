@@ -36,6 +36,9 @@ struct Timing {
 };
 Timing timing();
 void configure(const Timing& timing);
+// How many times events were queried in this process: a device's driver is
+// asked that often, so tests can hold the backend to polling sparingly.
+uint64_t event_queries();
 
 // DLOP_TEST_DEVICE_COUNT (default 2), read once.
 c10::DeviceIndex device_count() noexcept;

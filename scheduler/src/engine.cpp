@@ -511,7 +511,9 @@ void Engine::thread_main() {
       sleep_until_woken(1, false);
       continue;
     }
-    const bool had = !running_.empty();
+    // Ops gated on a device copy count as running: waiting for the copy, the
+    // thread naps like any other wait rather than spinning on the device.
+    const bool had = !running_.empty() || !gated_.empty();
     const bool running = progress_locked(finished);
     // A task with a reduction chunk still to do is busy, not waiting: a pass
     // that ran one is news (one sleep per chunk cost a millisecond each).

@@ -223,6 +223,11 @@ def timing(delay_us: int | None = None, copy_gbps: float | None = None) -> Itera
         configure(*previous)
 
 
+def event_queries() -> int:
+    """How many times this process has queried events (what a GPU's driver would be asked)."""
+    return _C.event_queries()
+
+
 def _register() -> None:
     """Names PrivateUse1 and registers this module as ``torch.dlop_test``; a second call does nothing."""
     name = torch._C._get_privateuse1_backend_name()

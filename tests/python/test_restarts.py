@@ -8,8 +8,8 @@ of each attempt draws afresh (transport/session.hpp), so a restart never
 reaches a dead process's worker address, and an earlier attempt's report of
 a dead peer never aborts the next one.
 
-- Restarts: kills at random points (before and right after init, or k steps
-  after the attempt resumed), one per attempt for ROUNDS attempts; each
+- Restarts: kills at points spread at random (before and right after init, or
+  k steps after the attempt resumed), one per attempt for ROUNDS attempts; each
   restart must come up, and the job must end with the weights of a run that
   was never interrupted (torch.equal). With 2 ranks and static rendezvous,
   with 3 ranks and the c10d rendezvous, and with a node (a network
@@ -20,7 +20,7 @@ a dead peer never aborts the next one.
 Jobs killed whole, jobs sharing a machine and killed trainers of offloaders
 are in test_killed_jobs.py.
 
-DLOP_TEST_RESTART_ROUNDS sets ROUNDS (default 10).
+DLOP_TEST_RESTART_ROUNDS sets ROUNDS (default 6: both init kills, four distinct\nstep offsets, every rank at least twice).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import pytest
 from c10d_harness import free_port
 from torchrun_jobs import Job, torchrun
 
-pytestmark = pytest.mark.long_file(seconds=300)  # handed out first (conftest.py)
+pytestmark = pytest.mark.long_file(seconds=180)  # handed out first (conftest.py)
 
-ROUNDS = int(os.environ.get("DLOP_TEST_RESTART_ROUNDS", "10"))
+ROUNDS = int(os.environ.get("DLOP_TEST_RESTART_ROUNDS", "6"))
 # Gloo's failed restarts each cost its timeout: the suite runs the plan's first kills only.
 GLOO_ROUNDS = int(os.environ.get("DLOP_TEST_GLOO_ROUNDS", str(min(ROUNDS, 4))))
 STEPS = 60  # more than ROUNDS attempts can finish: each kill comes at most 7 steps after a checkpoint
@@ -46,13 +46,15 @@ SEED = int(os.environ.get("DLOP_TEST_SEED", str(random.randrange(1 << 30))))
 
 
 def kill_plan(rounds: int, nproc: int, rng: random.Random) -> list:
-    """One kill per attempt: a random rank, before or right after init, or k steps after it resumed."""
-    plan = []
-    for _ in range(rounds):
-        u = rng.random()
-        where = "before_init" if u < 0.1 else "after_init" if u < 0.2 else rng.randrange(8)
-        plan.append([rng.randrange(nproc), where])
-    return plan
+    """One kill per attempt, spread over what can differ, in a random order: every rank dies (rank 0,
+    which draws each attempt's namespace, too), before and right after init, and k steps after the
+    attempt resumed for distinct k in 0-7."""
+    points = ["before_init", "after_init"] + rng.sample(range(8), 8)
+    where = [points[i % len(points)] for i in range(rounds)]
+    ranks = [i % nproc for i in range(rounds)]
+    rng.shuffle(where)
+    rng.shuffle(ranks)
+    return [[rank, w] for rank, w in zip(ranks, where)]
 
 
 def final_weights(folder: Path) -> dict:

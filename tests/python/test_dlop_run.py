@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from processes import offloader, wait_for
+from torchrun_jobs import alive, kill_leftovers
 
 pytestmark = pytest.mark.long_file(seconds=150)  # handed out first (conftest.py)
 
@@ -403,15 +404,6 @@ def _started(stderr: str) -> list[tuple[str, int]]:
     return daemons
 
 
-def _alive(pid: int) -> bool:
-    """A live process with this pid (not a zombie) that is a dlop-offloader or our trainer."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_local_offloaders_make_every_batch_and_are_gone_after(setup, plain):
     """`dlop run -- python train.py`: no daemon given, so dlop run starts them here, with a fresh token."""
     data, script, keys = setup
@@ -428,7 +420,7 @@ def test_local_offloaders_make_every_batch_and_are_gone_after(setup, plain):
         plan = offload.EpochPlan(len(keys), 4, 0, True, False, 0, 1).batches(epoch)
         assert got == [[keys[i] for i in batch] for batch in plan]
         assert samples(got) == samples(plain["epochs"][epoch])
-    assert not any(_alive(pid) for _, pid in daemons)
+    assert not any(alive(pid) for _, pid in daemons)
 
 
 def test_the_default_is_one_daemon_per_spare_core():
@@ -477,12 +469,7 @@ def test_local_offloaders_go_when_dlop_run_is_killed(setup, tmp_path, sig):
             assert code == -signal.SIGKILL
         else:
             assert code != 0
-        wait_for(lambda: not any(_alive(pid) for pid in everyone), 30, "every process of dlop run to exit")
+        wait_for(lambda: not any(alive(pid) for pid in everyone), 30, "every process of dlop run to exit")
     finally:
         gate.touch()
-        for pid in everyone:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_leftovers(everyone, proc)

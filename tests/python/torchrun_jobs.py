@@ -1,7 +1,8 @@
 """torchrun jobs of restart_training.py for the tests: the job, its events and its processes.
 
 Used by test_restarts.py (jobs that restart) and test_killed_jobs.py (jobs
-killed whole, jobs sharing a machine).
+killed whole, jobs sharing a machine); test_dlop_run.py uses its process
+helpers (alive, kill_leftovers).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """A process with this pid that has not exited (a zombie has)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

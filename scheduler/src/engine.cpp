@@ -63,6 +63,8 @@ void trace_op(const detail::OpState& op) {
   std::string name = op.p2p ? (op.p2p_send ? "send" : "recv") : std::string(coll::kind_name(op.args.kind));
   trace::span(std::move(name), std::string(traffic_class_name(op.traffic)), op.started_at, Clock::now(),
               {{"seq", as_int(op.seq)},
+               // From submission to start: a device copy or earlier ops held it.
+               {"queued_us", std::chrono::duration_cast<std::chrono::microseconds>(op.started_at - op.submitted_at).count()},
                {"comm", op.comm->id},
                {"bytes", as_int(bytes)},
                {"count", as_int(op.args.count)},
@@ -160,6 +162,7 @@ void Engine::submit(std::shared_ptr<detail::OpState> op) {
       op->seq = op->comm->next_seq;
       op->comm->next_seq += op->chunks;
     }
+    if (trace::enabled()) op->submitted_at = Clock::now();
     submitted_.push_back(std::move(op));
     has_submitted_.store(true, std::memory_order_release);
   }

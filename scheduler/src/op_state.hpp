@@ -113,6 +113,7 @@ struct OpState {
   std::chrono::steady_clock::time_point held_since;
   std::uint64_t yielded_up_to = 0;       // no longer held for ops of this order or below
   // DLOP_TRACE only.
+  std::chrono::steady_clock::time_point submitted_at;
   std::chrono::steady_clock::time_point started_at;
   std::string_view algorithm;
 

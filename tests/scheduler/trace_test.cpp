@@ -1,7 +1,7 @@
 // DLOP_TRACE through the engine: two ranks each write one Chrome trace file
 // at engine teardown, with every collective (op, bytes, class, algorithm,
-// chunk count) and one event per chunk of a chunked (data) all-reduce, in order,
-// inside the op's span. tests/python/test_trace.py checks the same through
+// chunk count, time queued before it started) and one event per chunk of a
+// chunked (data) all-reduce, in order, inside the op's span. tests/python/test_trace.py checks the same through
 // torch.distributed.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,6 +24,18 @@ using nlohmann::json;
 
 constexpr std::size_t kChunkBytes = 64u << 10;
 constexpr std::size_t kLarge = 100'003;  // floats: 400,012 B, 7 chunks
+constexpr int kGateMs = 30;
+
+// Ready from a given time on, as a device copy is once its stream gets there.
+class ReadyAfter final : public ReadyEvent {
+ public:
+  explicit ReadyAfter(std::chrono::milliseconds delay) : at_(std::chrono::steady_clock::now() + delay) {}
+  bool ready() const override { return std::chrono::steady_clock::now() >= at_; }
+  std::string describe() const override { return "the test's clock"; }
+
+ private:
+  std::chrono::steady_clock::time_point at_;
+};
 
 std::vector<json> named(const json& events, const std::string& name) {
   std::vector<json> out;
@@ -43,7 +55,11 @@ TEST(Communicator, TraceWritesOneChromeTraceFilePerRank) {
     comm->allreduce(large.data(), large.data(), large.size(), DataType::kFloat32, ReduceOp::kSum,
                     {.traffic = TrafficClass::kData, .deadline_step = 3})
         .wait();
-    comm->allreduce(small.data(), small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum).wait();
+    // Gated as a staged device call is: its span starts when it starts, and
+    // says how long it was queued.
+    comm->allreduce(small.data(), small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum,
+                    {.ready = std::make_shared<ReadyAfter>(std::chrono::milliseconds(kGateMs))})
+        .wait();
     // A gradient op as large is not chunked: nothing can overtake it.
     comm->allreduce(large.data(), large.data(), large.size(), DataType::kFloat32, ReduceOp::kSum).wait();
     comm->broadcast(small.data(), small.size(), DataType::kFloat32, 0, {.traffic = TrafficClass::kBackground}).wait();
@@ -83,6 +99,8 @@ TEST(Communicator, TraceWritesOneChromeTraceFilePerRank) {
     EXPECT_EQ(small["args"]["class"], "gradient");
     EXPECT_EQ(small["args"]["chunks"], 1);
     EXPECT_EQ(small["args"]["bytes"], 40);
+    EXPECT_GE(small["args"]["queued_us"].get<std::int64_t>(), kGateMs * 1000 - 1000);
+    EXPECT_GE(big["args"]["queued_us"].get<std::int64_t>(), 0);
     EXPECT_EQ(gradient["args"]["bytes"], kLarge * 4);
     EXPECT_EQ(gradient["args"]["class"], "gradient");
     EXPECT_EQ(gradient["args"]["chunks"], 1);

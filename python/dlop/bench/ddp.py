@@ -288,7 +288,9 @@ def main(argv=None) -> int:
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_spawned, args=(args, ranks, free_port(), threads), nprocs=ranks, join=True)
+        # Forked, not spawned: each rank would import torch again (seconds each).
+        mp.start_processes(_spawned, args=(args, ranks, free_port(), threads), nprocs=ranks, join=True,
+                           start_method="fork")
     return 0
 
 

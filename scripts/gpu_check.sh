@@ -16,7 +16,9 @@
 #      there are two), and 2 ranks sharing GPU 0 against Gloo (staged);
 #      dlop.bench.device (the staged 64 MiB all-reduce against its parts);
 #   3. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
-#      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared).
+#      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared);
+#   4. the same with DLOP_TRACE, summarised by `dlop report trace`: how long
+#      each all-reduce waited for its copies and ran.
 # Every output goes to OUT with the machine's description. Not part of `make test`.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -83,6 +85,11 @@ for backend in dlop $peer; do
   run "imagenet_ddp_$backend" env CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" examples/imagenet_ddp.py \
     --dist-backend "$backend" --device cuda --arch resnet50 --batch-size 64 --steps 30 --epochs 3
 done
+
+# 4. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
+run imagenet_ddp_dlop_traced env DLOP_TRACE="$OUT/trace" CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" \
+  examples/imagenet_ddp.py --dist-backend dlop --device cuda --arch resnet50 --batch-size 64 --steps 10 --epochs 1
+run trace_summary "$PY" -m dlop.bench.trace_summary "$OUT/trace" --json "$OUT/trace_summary.json"
 
 echo "results in $OUT"
 exit $status

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 
+import pytest
+
 from c10d_harness import Setup, run_ranks
 
 CHUNK_BYTES = 64 << 10
@@ -74,3 +76,29 @@ def test_trace_shows_every_collective(tmp_path):
         assert all(e["dur"] >= 0 for e in events)
         # Submission order: the large all-reduce ended before the small one began.
         assert op["ts"] + op["dur"] <= small[0]["ts"] + 1
+
+
+def test_report_trace_summarises_each_process(tmp_path, capsys):
+    from dlop.bench import trace_summary
+
+    _, by_pid = run_traced(tmp_path, "1")
+    out = tmp_path / "summary.json"
+    assert trace_summary.main([str(tmp_path / "trace-1"), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert len(summary) == 2 and "allreduce" in capsys.readouterr().out
+    for name, rows in summary.items():
+        events = by_pid[int(name.rsplit("-", 1)[1].removesuffix(".json"))]
+        by_key = {(r["op"], r["bytes"]): r for r in rows}
+        assert sorted(by_key) == [("allreduce", 40), ("allreduce", LARGE * 4), ("broadcast", 40)], rows
+        for (op, size), row in by_key.items():
+            [event] = [e for e in events if e["name"] == op and e["args"]["bytes"] == size]
+            assert row["count"] == 1
+            assert row["ran_p50_us"] == row["ran_max_us"] == event["dur"]
+            assert row["queued_p50_us"] == row["queued_max_us"] == event["args"]["queued_us"] >= 0
+
+
+def test_report_trace_names_a_folder_without_traces(tmp_path):
+    from dlop import cli
+
+    with pytest.raises(SystemExit, match="no dlop-trace"):
+        cli.main(["report", "trace", str(tmp_path)])

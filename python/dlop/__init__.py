@@ -32,8 +32,8 @@ def _load_backend() -> None:
 
 def _is_the_dlop_command() -> bool:
     """Whether this process is the `dlop` command (its console script is __main__). It parses arguments and
-    starts other programs: it needs neither torch nor the backend, and importing torch first would cost every
-    `dlop run` and `dlop make-dataset` seconds (the command `dlop run` execs imports dlop itself)."""
+    starts other programs: it needs neither torch nor the backend, and importing torch first would add seconds
+    to every `dlop run` (the command it execs imports dlop itself)."""
     main = _sys.modules.get("__main__")
     return _os.path.basename(getattr(main, "__file__", None) or "") == "dlop"
 

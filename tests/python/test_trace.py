@@ -12,7 +12,6 @@ import json
 import os
 from pathlib import Path
 
-
 import pytest
 
 from c10d_harness import Setup, run_ranks

@@ -40,6 +40,14 @@ def size_range(minimum: int, maximum: int, factor: int) -> list[int]:
     return sizes
 
 
+def percentile(values, q: float) -> float:
+    """The value at fraction q of the sorted values (nearest rank); 0 for none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
 def median(values) -> float:
     ordered = sorted(values)
     if not ordered:

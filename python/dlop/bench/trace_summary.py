@@ -19,12 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from dlop.bench._common import format_size
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from dlop.bench._common import format_size, percentile
 
 
 def read_ops(folder: Path) -> dict[str, list[dict]]:

@@ -359,13 +359,6 @@ def wait_ranks(ranks: list, config: str, log: Path) -> None:
         raise RuntimeError(f"{config}: ranks exited {codes} (None: still running at the deadline)\n{tail}")
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def since_last_handover(per_rank: list[list[list[tuple[float, float]]]]) -> tuple[list[float], list[float]]:
     """Per rank, per step, per bucket (handed over, finished) -> every bucket's duration on every rank
     from the last rank's hand-over, and per step and bucket the spread of the hand-overs."""
@@ -390,10 +383,10 @@ def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
     return {"config": config, "ranks": len(ranks),
             "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
             "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
-            "data_stall_ms": data, "allreduce_p50_ms": 1e3 * percentile(durations, 0.5),
-            "allreduce_p99_ms": 1e3 * percentile(durations, 0.99),
-            "allreduce_p99_idle_ms": 1e3 * percentile(idle, 0.99),
-            "allreduce_p99_replay_ms": 1e3 * percentile(replay, 0.99),
+            "data_stall_ms": data, "allreduce_p50_ms": 1e3 * _common.percentile(durations, 0.5),
+            "allreduce_p99_ms": 1e3 * _common.percentile(durations, 0.99),
+            "allreduce_p99_idle_ms": 1e3 * _common.percentile(idle, 0.99),
+            "allreduce_p99_replay_ms": 1e3 * _common.percentile(replay, 0.99),
             "allreduce_skew_ms": 1e3 * sum(skew) / max(1, len(skew)),
             "buckets": len(ranks[0]["bucket_elements"]), "gradient_mib": ranks[0]["gradient_bytes"] / 2**20}
 

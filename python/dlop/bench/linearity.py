@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank, everywhere")
     p.add_argument("--steps", type=int, default=3, help="DDP: timed steps per repetition")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("-r", "--repetitions", type=int, default=2, help="DDP and all-reduce repetitions per run")
+    p.add_argument("-r", "--repetitions", type=int, default=2, help="DDP, all-reduce and p2p repetitions per run")
     p.add_argument("--batch", type=int, default=0, help="samples per rank and step (0: the model's default)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--link-gbps", default="10,25,100", help="predictions: network links (Gbit/s)")
@@ -89,8 +89,9 @@ def parse_args(argv=None):
     return args
 
 
-def ddp_argv(args) -> list[str]:
-    argv = [sys.executable, "-m", "dlop.bench.ddp", "--models", ",".join(args.models), "--backends", "dlop,gloo",
+def ddp_args(args) -> list[str]:
+    """`python -m dlop.bench.ddp`'s arguments, as calibration and checks both run it."""
+    argv = ["--models", ",".join(args.models), "--backends", "dlop,gloo",
             "--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup), "-r",
             str(args.repetitions), "--bucket-cap-mb", str(args.bucket_cap_mb), "--no-progress"]
     return argv + (["--batch", str(args.batch)] if args.batch else [])
@@ -109,31 +110,34 @@ def _once_more(step, *args):
 
 def measure(args) -> dict:
     """Every run's calibration and checks, rounds interleaved so that a noisy neighbour hits all alike."""
-    from dlop.bench import netns
+    from dlop.bench import forked, netns
     from dlop.bench.ddp import free_port
 
     ok, why = netns.available()
     if not ok:
         raise SystemExit(f"the multi-host checks need network-namespace hosts, which cannot be made here: {why}")
+    forked.preload()  # every benchmark below runs forked from here, torch already imported
     raw = Path(args.out) / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     found = {"calibration": [], "allreduce": [], "ddp": []}
     port = 29700
     for run in range(args.runs):
         print(f"linearity: run {run + 1} of {args.runs}: calibration", file=sys.stderr, flush=True)
-        one = _once_more(cal.ddp_local, ddp_argv(args), 1, raw, str(run))
-        two = _once_more(cal.ddp_local, ddp_argv(args), 2, raw, str(run))
+        one = _once_more(cal.ddp_local, ddp_args(args), 1, raw, str(run))
+        two = _once_more(cal.ddp_local, ddp_args(args), 2, raw, str(run))
         found["calibration"].append({
             "run": run,
             "intra": {"dlop": _once_more(cal.intra_dlop, raw, str(run)),
                       "gloo": _once_more(cal.intra_gloo, raw, str(run), free_port())},
-            "split": {m: cal.split(m, args.batch, args.threads, args.steps + 2) for m in args.models},
+            # Forked too: this process must not start torch's thread pool (forked.py says why).
+            "split": {m: forked.call(cal.split, m, args.batch, args.threads, args.steps + 2) for m in args.models},
             "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}})
         for rate in args.rates:
             shaped = None if rate == "none" else rate
             with netns.Hosts(max(h for h, _ in args.layouts), shaped) as hosts:
                 port += 1
-                found["calibration"][-1]["net"][rate] = _once_more(cal.network, hosts, raw, f"{rate}_{run}", port)
+                found["calibration"][-1]["net"][rate] = _once_more(cal.network, hosts, raw, f"{rate}_{run}", port,
+                                                                              args.repetitions)
                 for n_hosts, per_host in args.layouts:
                     where = {"run": run, "rate": rate, "hosts": n_hosts, "per_host": per_host}
                     print(f"linearity: run {run + 1}: {n_hosts}x{per_host} on {rate}", file=sys.stderr, flush=True)
@@ -147,7 +151,7 @@ def measure(args) -> dict:
                             found["allreduce"].append(dict(where, column=column, bytes=row["bytes"],
                                                            time_us=row["time_us"]))
                     port += 1
-                    for row in _once_more(checks.ddp, hosts, n_hosts, per_host, ddp_argv(args), raw,
+                    for row in _once_more(checks.ddp, hosts, n_hosts, per_host, ddp_args(args), raw,
                                           f"{rate}_{n_hosts}x{per_host}_{run}", port):
                         if row["backend"] != "none":
                             found["ddp"].append(dict(where, **row))

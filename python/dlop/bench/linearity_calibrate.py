@@ -9,6 +9,8 @@ caller repeats them (the spread of the repeats is the prediction's band):
 - ``split``: the model alone, forward and backward timed apart;
 - ``ddp_local``: ``dlop.bench.ddp`` on this host (1 rank: compute and DDP's
   overhead; 2 ranks: the backend's CPU per step).
+
+The Python benchmarks run forked from this process (dlop/bench/forked.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlop.bench import _common
+from dlop.bench import _common, forked
 from dlop.bench import scaling_model as sm
 
 INTRA_SIZES = "8,64K,1M,4M"
@@ -100,33 +102,35 @@ def intra_dlop(out: Path, tag: str) -> dict:
     return link_of([r for r in rows if r["impl"] == "dlop"], 2)
 
 
-def c10d_argv(impls: str, sizes: str, repetitions: int, json_path: Path | None, check: bool = False,
+def c10d_args(impls: str, sizes: str, repetitions: int, json_path: Path | None, check: bool = False,
               iters: int = 0) -> list[str]:
-    argv = [sys.executable, "-m", "dlop.bench.c10d", "--ops", "all_reduce", "--impls", impls, "--sizes", sizes,
-            "-r", str(repetitions), "-c", str(int(check)), "-n", str(iters)]
-    return argv + (["--json", str(json_path)] if json_path else [])
+    """`python -m dlop.bench.c10d`'s arguments for an all-reduce run."""
+    args = ["--ops", "all_reduce", "--impls", impls, "--sizes", sizes, "-r", str(repetitions), "-c", str(int(check)),
+            "-n", str(iters)]
+    return args + (["--json", str(json_path)] if json_path else [])
 
 
 def intra_gloo(out: Path, tag: str, port: int) -> dict:
     path, log = out / f"intra_gloo_{tag}.json", out / f"intra_gloo_{tag}.txt"
     with open(log, "w") as f:
-        procs = [subprocess.Popen(c10d_argv("gloo", INTRA_SIZES, 3, path if r == 0 else None,
-                                            iters=INTRA_GLOO_ITERS),
-                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
-                                  stdout=f, stderr=subprocess.STDOUT) for r in range(2)]
+        procs = [forked.start("dlop.bench.c10d", c10d_args("gloo", INTRA_SIZES, 3, path if r == 0 else None,
+                                                             iters=INTRA_GLOO_ITERS),
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
+                              stdout=f) for r in range(2)]
         _wait_all(procs, "2-rank Gloo all-reduce", log)
     _, rows = _common.read_rows(str(path))
     return link_of([r for r in rows if r["impl"] == "gloo"], 2)
 
 
-def network(hosts, out: Path, tag: str, port: int) -> dict:
+def network(hosts, out: Path, tag: str, port: int, repetitions: int) -> dict:
     """Hosts 0 and 1's link from two sizes only, 8 B and 2 MiB (which reaches a tbf link's rate); the sizes
-    between would take most of a test's minute."""
+    between would take most of a test's minute. Each repetition moves 64 MiB each way at 2 MiB (a second on
+    1 Gbit/s)."""
     path, log = out / f"net_{tag}.json", out / f"net_{tag}.txt"
     with open(log, "w") as f:
         procs = [hosts.popen(r, [dlop_bench(), "p2p", "--rank", str(r), "--size", "2", "--store",
-                                 f"{hosts.addrs[0]}:{port}", "-b", "8", "-e", "2M", "-f", "262144", "-r", "3"]
+                                 f"{hosts.addrs[0]}:{port}", "-b", "8", "-e", "2M", "-f", "262144", "-r", str(repetitions)]
                              + (["--json", str(path)] if r == 0 else []), stdout=f, stderr=subprocess.STDOUT)
                  for r in range(2)]
         _wait_all(procs, "dlop-bench p2p between namespace hosts", log)
@@ -170,11 +174,13 @@ def split(model: str, batch: int, threads: int, steps: int) -> dict:
             "backward_share": _common.median([b / t for b, t in zip(backward, total)])}
 
 
-def ddp_local(ddp_argv: list[str], ranks: int, out: Path, tag: str) -> list[dict]:
+def ddp_local(ddp_args: list[str], ranks: int, out: Path, tag: str) -> list[dict]:
     """dlop.bench.ddp's rows, each with the background load (cores) it ran beside."""
-    path = out / f"ddp_local{ranks}_{tag}.json"
+    path, log = out / f"ddp_local{ranks}_{tag}.json", out / f"ddp_local{ranks}_{tag}.txt"
     meter = CpuMeter()
-    _run([*ddp_argv, "--ranks", str(ranks), "--json", str(path)], out / f"ddp_local{ranks}_{tag}.txt")
+    with open(log, "w") as f:
+        _wait_all([forked.start("dlop.bench.ddp", [*ddp_args, "--ranks", str(ranks), "--json", str(path)], stdout=f)],
+                  f"a {ranks}-rank dlop.bench.ddp run", log)
     background = meter.background_cores()
     return [dict(r, background_cores=background) for r in _common.read_rows(str(path))[1]]
 

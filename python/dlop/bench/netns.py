@@ -297,6 +297,14 @@ class Hosts:
             kw["preexec_fn"] = lambda: os.sched_setaffinity(0, cpus)
         return subprocess.Popen(["ip", "netns", "exec", self.names[host], *argv], env=env, **kw)
 
+    def start_module(self, host: int, module: str, args: list[str], env: dict | None = None, stdout=None):
+        """`python -m module args` inside host `host`, forked from this process where that is safe
+        (dlop/bench/forked.py); its output and errors to `stdout`."""
+        from dlop.bench import forked
+
+        return forked.start(module, args, env=env, stdout=stdout, netns=self.names[host],
+                            cpus=self.cpus[host] if self.cpus is not None else None)
+
     def describe(self) -> str:
         shaping = ", ".join(x for x in (self.rate and f"rate {self.rate}", self.delay and f"delay {self.delay}") if x)
         lines = [f"{len(self.names)} host(s) on bridge {self._bridge} ({shaping or 'unshaped'}; device {DEVICE}):"]

@@ -8,7 +8,8 @@
 Calibration (this host, one benchmark per term; dlop/bench/scaling_model.py):
 dlop's intra-host link from ``dlop-bench allreduce --local 2``, Gloo's from
 its 2-rank all-reduce, the network from ``dlop-bench p2p`` between namespace
-hosts, compute and backward's share from the model alone, DDP's overhead and
+hosts, each backend's CPU per byte on this host and across two hosts from
+2-rank all-reduces through torch, compute and backward's share from the model alone, DDP's overhead and
 the backend's CPU per step from 1- and 2-rank ``dlop.bench.ddp`` runs.
 Checks (out of sample): per --rates link and --layouts HxP (H namespace
 hosts, P ranks each, tbf-shaped), all-reduce times of dlop's ring and
@@ -70,6 +71,8 @@ def parse_args(argv=None):
                    help="predictions: cores each rank has (its compute threads and the backend's)")
     p.add_argument("--intra-gbps", type=float,
                    help="predictions: the intra-host link (default: dlop's, as calibrated on this host)")
+    p.add_argument("--net-cpu-ns", type=float,
+                   help="predictions: CPU per byte a rank sends across hosts (default: dlop's, as calibrated here)")
     p.add_argument("--step-ms", type=float, help="predictions: also a GPU column, this GPU step time of the model")
     p.add_argument("--predict", default="16,32,64,128,256,512,1024", help="predictions: rank counts")
     p.add_argument("--from-json", help="no runs: report again from this linearity.json's measurements")
@@ -80,6 +83,8 @@ def parse_args(argv=None):
         args.link_gbps = _positive_list(args.link_gbps, float)
         _positive_list(f"{args.runs},{args.threads},{args.ranks_per_host},{args.cores_per_rank},{args.step_ms or 1},"
                        f"{args.intra_gbps or 1}", float)
+        if args.net_cpu_ns is not None and args.net_cpu_ns < 0:
+            raise ValueError(f"--net-cpu-ns must be 0 or more, not {args.net_cpu_ns:g}")
     except ValueError as e:
         p.error(str(e))
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
@@ -125,10 +130,12 @@ def measure(args) -> dict:
         print(f"linearity: run {run + 1} of {args.runs}: calibration", file=sys.stderr, flush=True)
         one = _once_more(cal.ddp_local, ddp_args(args), 1, raw, str(run))
         two = _once_more(cal.ddp_local, ddp_args(args), 2, raw, str(run))
+        through_torch = _once_more(cal.intra_c10d, raw, str(run), free_port())
+        cpu = through_torch["cpu_ns_per_byte"]
         found["calibration"].append({
             "run": run,
-            "intra": {"dlop": _once_more(cal.intra_dlop, raw, str(run)),
-                      "gloo": _once_more(cal.intra_gloo, raw, str(run), free_port())},
+            "intra": {"dlop": dict(_once_more(cal.intra_dlop, raw, str(run)), cpu_ns_per_byte=cpu["dlop"]),
+                      "gloo": dict(through_torch["gloo"], cpu_ns_per_byte=cpu["gloo"])},
             # Forked too: this process must not start torch's thread pool (forked.py says why).
             "split": {m: forked.call(cal.split, m, args.batch, args.threads, args.steps + 2) for m in args.models},
             "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}})
@@ -136,8 +143,11 @@ def measure(args) -> dict:
             shaped = None if rate == "none" else rate
             with netns.Hosts(max(h for h, _ in args.layouts), shaped) as hosts:
                 port += 1
-                found["calibration"][-1]["net"][rate] = _once_more(cal.network, hosts, raw, f"{rate}_{run}", port,
-                                                                              args.repetitions)
+                net = _once_more(cal.network, hosts, raw, f"{rate}_{run}", port, args.repetitions)
+                port += 1
+                net["cpu_ns_per_byte"] = _once_more(cal.network_cpu, hosts, raw, f"{rate}_{run}", port,
+                                                    args.repetitions)
+                found["calibration"][-1]["net"][rate] = net
                 for n_hosts, per_host in args.layouts:
                     where = {"run": run, "rate": rate, "hosts": n_hosts, "per_host": per_host}
                     print(f"linearity: run {run + 1}: {n_hosts}x{per_host} on {rate}", file=sys.stderr, flush=True)
@@ -173,6 +183,7 @@ def main(argv=None) -> int:
     settings = linearity_report.Settings(
         link_gbps=args.link_gbps, latency_us=args.latency_us, ranks_per_host=args.ranks_per_host,
         cores_per_rank=args.cores_per_rank, predict=args.predict, step_ms=args.step_ms, intra_gbps=args.intra_gbps,
+        net_cpu_ns=args.net_cpu_ns,
         bucket_bytes=header.get("bucket_cap_mb", args.bucket_cap_mb) * 2**20)
     report = linearity_report.build(header, measurements, settings)
     written = linearity_report.write(report, args.out)

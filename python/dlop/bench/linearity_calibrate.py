@@ -4,8 +4,11 @@ Every function runs one benchmark once and returns its raw figures; the
 caller repeats them (the spread of the repeats is the prediction's band):
 
 - ``intra_dlop``: ``dlop-bench allreduce --local 2`` on this host (shm/cma);
-- ``intra_gloo``: a 2-rank Gloo all-reduce through torch on this host;
+- ``intra_c10d``: a 2-rank all-reduce through torch on this host: Gloo's
+  link, and both backends' CPU per byte;
 - ``network``: ``dlop-bench p2p`` between two namespace hosts;
+- ``network_cpu``: a 2-rank all-reduce through torch between two namespace
+  hosts: both backends' CPU per byte there;
 - ``split``: the model alone, forward and backward timed apart;
 - ``ddp_local``: ``dlop.bench.ddp`` on this host (1 rank: compute and DDP's
   overhead; 2 ranks: the backend's CPU per step).
@@ -30,6 +33,7 @@ INTRA_SIZES = "8,64K,1M,4M"
 # Timed calls per size and repetition for Gloo's intra-host link: its median needs no more, and the c10d
 # benchmark's default (up to 1000 calls at 8 B) took most of a 10-second term.
 INTRA_GLOO_ITERS = 30
+CPU_BYTES = 4 << 20  # the all-reduce whose CPU per call gives a link's CPU per byte (bandwidth-bound, and brief)
 RUN_TIMEOUT_S = 900
 
 
@@ -110,17 +114,48 @@ def c10d_args(impls: str, sizes: str, repetitions: int, json_path: Path | None, 
     return args + (["--json", str(json_path)] if json_path else [])
 
 
-def intra_gloo(out: Path, tag: str, port: int) -> dict:
-    path, log = out / f"intra_gloo_{tag}.json", out / f"intra_gloo_{tag}.txt"
+def cpu_per_byte(rows: list[dict], nbytes: int = CPU_BYTES) -> dict[str, float]:
+    """{impl: CPU ns per byte each rank sends}: dlop.bench.c10d's CPU per call of a 2-rank all-reduce of `nbytes`
+    (a 2-rank ring sends each rank's whole buffer once)."""
+    return {r["impl"]: r["cpu_us"] * 1e3 / r["bytes"] for r in rows if r["bytes"] == nbytes}
+
+
+def intra_c10d(out: Path, tag: str, port: int) -> dict:
+    """Gloo's intra-host link (fitted on its all-reduce times) and both backends' CPU per byte on this host."""
+    path, log = out / f"intra_c10d_{tag}.json", out / f"intra_c10d_{tag}.txt"
     with open(log, "w") as f:
-        procs = [forked.start("dlop.bench.c10d", c10d_args("gloo", INTRA_SIZES, 3, path if r == 0 else None,
+        procs = [forked.start("dlop.bench.c10d", c10d_args("dlop,gloo", INTRA_SIZES, 3, path if r == 0 else None,
                                                              iters=INTRA_GLOO_ITERS),
                               env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
                               stdout=f) for r in range(2)]
-        _wait_all(procs, "2-rank Gloo all-reduce", log)
+        _wait_all(procs, "2-rank all-reduce through torch", log)
     _, rows = _common.read_rows(str(path))
-    return link_of([r for r in rows if r["impl"] == "gloo"], 2)
+    return {"gloo": link_of([r for r in rows if r["impl"] == "gloo"], 2), "cpu_ns_per_byte": cpu_per_byte(rows)}
+
+
+def launch_ranks(hosts, n_hosts: int, per_host: int, module: str, args_of, env_extra: dict, log: Path, what: str,
+                 port: int) -> None:
+    """`python -m module args_of(rank)` for every rank, rank r on host r // per_host (torchrun's placement)."""
+    world = n_hosts * per_host
+    with open(log, "w") as f:
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
+                       MASTER_ADDR=hosts.addrs[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                       GLOO_SOCKET_IFNAME=hosts.device, **env_extra)
+            env.pop("DLOP_HOST_ID", None)  # the topology comes from the namespaces
+            procs.append(hosts.start_module(rank // per_host, module, args_of(rank), env=env, stdout=f))
+        _wait_all(procs, f"{what} on {n_hosts} hosts x {per_host} ranks", log)
+
+
+def network_cpu(hosts, out: Path, tag: str, port: int, repetitions: int) -> dict[str, float]:
+    """Both backends' CPU per byte across hosts 0 and 1: a 2-rank ring all-reduce between them."""
+    path = out / f"net_cpu_{tag}.json"
+    launch_ranks(hosts, 2, 1, "dlop.bench.c10d",
+                 lambda r: c10d_args("dlop,gloo", str(CPU_BYTES), repetitions, path if r == 0 else None),
+                 {"DLOP_ALGO": "allreduce:ring"}, out / f"net_cpu_{tag}.txt", "all-reduce", port)
+    return cpu_per_byte(_common.read_rows(str(path))[1])
 
 
 def network(hosts, out: Path, tag: str, port: int, repetitions: int) -> dict:

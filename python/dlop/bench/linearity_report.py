@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from dlop.bench import _common
 from dlop.bench import scaling_model as sm
@@ -32,6 +32,7 @@ class Settings:
     bucket_bytes: float
     step_ms: float | None = None
     intra_gbps: float | None = None  # None: dlop's intra-host link as calibrated
+    net_cpu_ns: float | None = None  # None: dlop's network CPU per byte as calibrated on the fastest link here
 
 
 def read_measured(path: str) -> tuple[dict, dict]:
@@ -51,6 +52,8 @@ SOURCES = {
     "intra_latency_us": ("intra-host link latency (us)", "2-rank all-reduce on this host"),
     "net_gbps": ("network bandwidth (Gbit/s)", "dlop-bench p2p between 2 namespace hosts, 2 MiB"),
     "net_latency_us": ("network latency (us)", "dlop-bench p2p between 2 namespace hosts, 8 B ping-pong"),
+    "intra_cpu_ns": ("intra-host CPU per byte sent (ns)", "2-rank all-reduce on this host, 4 MiB, CPU per call"),
+    "net_cpu_ns": ("network CPU per byte sent (ns)", "2-rank all-reduce between 2 namespace hosts, 4 MiB, CPU per call"),
     "compute_s": ("compute per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
     "compute_cpu_s": ("compute CPU per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
     "backward_share": ("backward's share of compute (overlap window)", "model alone, backward timed apart"),
@@ -66,9 +69,13 @@ def term_runs(calibration: list[dict], model: str, backend: str, rate: str | Non
         ddp = c["ddp"][model]
         runs["intra_gbps"].append(c["intra"][backend]["gbps"])
         runs["intra_latency_us"].append(c["intra"][backend]["latency_us"])
+        if "cpu_ns_per_byte" in c["intra"][backend]:  # reports before the CPU terms lack them (0: not modelled)
+            runs["intra_cpu_ns"].append(c["intra"][backend]["cpu_ns_per_byte"])
         if rate is not None:
             runs["net_gbps"].append(c["net"][rate]["gbps"])
             runs["net_latency_us"].append(c["net"][rate]["latency_us"])
+            if "cpu_ns_per_byte" in c["net"][rate]:
+                runs["net_cpu_ns"].append(c["net"][rate]["cpu_ns_per_byte"][backend])
         runs["compute_s"].append(ddp["compute_s"])
         runs["compute_cpu_s"].append(ddp["compute_cpu_s"])
         runs["backward_share"].append(c["split"][model]["backward_share"])
@@ -77,9 +84,17 @@ def term_runs(calibration: list[dict], model: str, backend: str, rate: str | Non
     return {k: v for k, v in runs.items() if v}
 
 
+def links(values: dict[str, float], net: sm.Link | None = None) -> tuple[sm.Link, sm.Link]:
+    """The intra-host and network links of these term values; `net` (an assumed link) replaces the measured one,
+    keeping the measured CPU per byte."""
+    intra = sm.Link(values["intra_gbps"], values["intra_latency_us"], values.get("intra_cpu_ns", 0.0))
+    if net is None:
+        net = sm.Link(values["net_gbps"], values["net_latency_us"])
+    return intra, replace(net, cpu_ns_per_byte=values.get("net_cpu_ns", 0.0))
+
+
 def make_terms(values: dict[str, float], gradient_bytes: float, net: sm.Link | None = None) -> sm.Terms:
-    intra = sm.Link(values["intra_gbps"], values["intra_latency_us"])
-    net = net or sm.Link(values["net_gbps"], values["net_latency_us"])
+    intra, net = links(values, net)
     return sm.Terms(values["compute_s"], values["compute_cpu_s"], values["backward_share"], values["overhead_s"],
                     values["backend_cpu_s"], gradient_bytes, intra, net)
 
@@ -113,9 +128,13 @@ def calibration_table(m: dict) -> list[dict]:
     for backend in BACKENDS:
         add("intra_gbps", backend, [c["intra"][backend]["gbps"] for c in cal])
         add("intra_latency_us", backend, [c["intra"][backend]["latency_us"] for c in cal])
+        if "cpu_ns_per_byte" in cal[0]["intra"][backend]:
+            add("intra_cpu_ns", backend, [c["intra"][backend]["cpu_ns_per_byte"] for c in cal])
     for rate in cal[0]["net"]:
         add("net_gbps", rate, [c["net"][rate]["gbps"] for c in cal])
         add("net_latency_us", rate, [c["net"][rate]["latency_us"] for c in cal])
+        for backend in BACKENDS if "cpu_ns_per_byte" in cal[0]["net"][rate] else ():
+            add("net_cpu_ns", f"{rate}, {backend}", [c["net"][rate]["cpu_ns_per_byte"][backend] for c in cal])
     for model in models:
         add("compute_s", model, [c["ddp"][model]["compute_s"] for c in cal])
         add("compute_cpu_s", model, [c["ddp"][model]["compute_cpu_s"] for c in cal])
@@ -141,8 +160,7 @@ def allreduce_checks(m: dict, cores: int) -> list[dict]:
         algorithm = "ring" if column == "gloo" else column
 
         def seconds(v, nbytes=nbytes, layout=layout, algorithm=algorithm):
-            return sm.allreduce_seconds(algorithm, nbytes, layout, sm.Link(v["intra_gbps"], v["intra_latency_us"]),
-                                        sm.Link(v["net_gbps"], v["net_latency_us"]))
+            return sm.allreduce_seconds(algorithm, nbytes, layout, *links(v))
 
         predicted, low, high = with_band(runs, seconds)
         measured = _common.median(times) * 1e-6
@@ -231,6 +249,11 @@ def predictions(m: dict, s: Settings) -> list[dict]:
         runs = term_runs(cal, model, "dlop", None)
         if s.intra_gbps:
             runs["intra_gbps"] = [s.intra_gbps]
+        if s.net_cpu_ns is not None:
+            runs["net_cpu_ns"] = [s.net_cpu_ns]
+        elif (rate := fastest_rate(cal)) is not None:
+            runs["net_cpu_ns"] = term_runs(cal, model, "dlop", rate).get("net_cpu_ns", [])
+            runs = {k: v for k, v in runs.items() if v}
         computes = [("cpu", {})]
         if s.step_ms:
             # A GPU computes; the host's CPU only runs the backend (its measured CPU per step).
@@ -252,6 +275,13 @@ def predictions(m: dict, s: Settings) -> list[dict]:
                     out.append({"model": model, "compute": compute, "algorithm": algorithm, "link_gbps": gbps,
                                 "linearity": values, "band": bands})
     return out
+
+
+def fastest_rate(calibration: list[dict]) -> str | None:
+    """The calibrated network link with the highest bandwidth (its CPU per byte is the least inflated by waiting
+    on the link), or None when none was."""
+    rates = list(calibration[0]["net"])
+    return max(rates, key=lambda r: _common.median([c["net"][r]["gbps"] for c in calibration]), default=None)
 
 
 def build(header: dict, measurements: dict, s: Settings) -> dict:

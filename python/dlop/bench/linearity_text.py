@@ -81,6 +81,10 @@ def _predictions(report: dict) -> list[str]:
            "(`--ranks-per-host`, `--cores-per-rank`, `--link-gbps`, `--latency-us`); intra-host link "
            + (f"{s['intra_gbps']:g} Gbit/s (`--intra-gbps`)" if s.get("intra_gbps") else
               "as calibrated for dlop on this host (`--intra-gbps` to set a host's own)")
+           + "; network CPU per byte sent "
+           + (f"{s['net_cpu_ns']:g} ns (`--net-cpu-ns`)" if s.get("net_cpu_ns") is not None else
+              "as calibrated for dlop across namespace hosts on the fastest link (TCP; `--net-cpu-ns` to set a "
+              "cluster's own, 0 where the NIC does the work)")
            + "; everything else as calibrated for dlop on this host. cpu: this host's compute per step. "
            + (f"gpu: a {s['step_ms']:g} ms GPU step (`--step-ms`), no compute on the host's CPU and no DDP overhead, "
               "the backend's CPU per step as measured here, staging copies hidden behind the network. "

@@ -4,7 +4,9 @@ A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
     busy      = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
-    step      = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
+    on_links  = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
+    on_cores  = (compute_cpu + backend_cpu + network_cpu) / cores_per_rank + overhead
+    step      = max(on_links, on_cores)
     linearity = max(compute, compute_cpu / alone_cores) / step
 
 (alone_cores: what the 1-rank baseline had; on a machine shared with other
@@ -16,6 +18,12 @@ Terms and where they come from (dlop/bench/linearity_calibrate.py):
   (shm/cma) for dlop, a 2-rank Gloo all-reduce for Gloo;
 - network link: ``dlop-bench p2p`` between two namespace hosts (ping-pong
   latency, streaming bandwidth);
+- each link's CPU per byte: the CPU a rank's process spends per byte it sends
+  in a 2-rank all-reduce through torch, on this host and across two hosts.
+  Across hosts TCP costs the backend far more than shared memory does, and
+  where cores are few that CPU, not the link, sets the time:
+  network_cpu = the bytes a rank sends across hosts per step x (the
+  network's CPU per byte - the intra-host link's, which backend_cpu holds);
 - compute, compute_cpu (CPU seconds per step) and backward_share: the model
   alone on one rank, forward and backward timed apart;
 - overhead: the backend's 1-rank DDP step less the model alone's;
@@ -24,7 +32,8 @@ Terms and where they come from (dlop/bench/linearity_calibrate.py):
   own (cores_per_rank), never folded into a link: on a machine with spare
   cores busy = compute, on an oversubscribed one the ranks' CPU is shared.
 
-All-reduce of B bytes (alpha = a link's latency, beta = 1 / its bandwidth):
+All-reduce of B bytes (alpha = a link's latency, beta = 1 / its bandwidth),
+and never faster than the CPU its network bytes take on the rank's cores:
 
 - flat ring, ranks placed on hosts in rank order (torchrun's placement, so
   one ring edge leaves each host): 2(N-1) steps of B/N bytes, every step as
@@ -52,6 +61,7 @@ FIRST_BUCKET = 1 << 20  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
 class Link:
     gbps: float  # Gbit/s
     latency_us: float
+    cpu_ns_per_byte: float = 0.0  # a rank's CPU (all its threads) per byte it sends on this link
 
     def seconds(self, steps: float, nbytes: float) -> float:
         """`steps` latencies plus `nbytes` at this link's bandwidth."""
@@ -60,7 +70,7 @@ class Link:
 
 def slowest(a: Link, b: Link) -> Link:
     """The edge a lockstep ring waits for when its edges are a and b."""
-    return Link(min(a.gbps, b.gbps), max(a.latency_us, b.latency_us))
+    return Link(min(a.gbps, b.gbps), max(a.latency_us, b.latency_us), max(a.cpu_ns_per_byte, b.cpu_ns_per_byte))
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,23 @@ def hierarchical_allreduce(nbytes: float, layout: Layout, intra: Link, net: Link
     return 2 * local + leaders + (segments - 1) * max(local, leaders)
 
 
+def network_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
+    """The bytes a rank sends across hosts in one all-reduce, averaged over the ranks."""
+    if layout.hosts <= 1:
+        return 0.0
+    if algorithm == "hierarchical" and layout.per_host > 1:  # only the leaders' ring crosses hosts
+        return 2 * (layout.hosts - 1) / layout.hosts * nbytes / layout.per_host
+    ranks = layout.ranks
+    return 2 * (ranks - 1) / ranks * nbytes * layout.hosts / ranks  # one ring edge in ranks/hosts leaves a host
+
+
 def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
+    on_links = _allreduce_on_links(algorithm, nbytes, layout, intra, net)
+    on_cores = network_bytes(algorithm, nbytes, layout) * net.cpu_ns_per_byte * 1e-9 / layout.cores_per_rank
+    return max(on_links, on_cores)
+
+
+def _allreduce_on_links(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
     if algorithm == "ring":
         if layout.hosts == 1:
             return ring_allreduce(nbytes, layout.ranks, intra)
@@ -140,9 +166,14 @@ def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) 
     busy = max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s) / layout.cores_per_rank)
     if layout.ranks <= 1:
         return busy + t.overhead_s
-    times = [allreduce_seconds(algorithm, b, layout, t.intra, t.net) for b in buckets(t.gradient_bytes, bucket_bytes)]
+    sizes = buckets(t.gradient_bytes, bucket_bytes)
+    times = [allreduce_seconds(algorithm, b, layout, t.intra, t.net) for b in sizes]
     exposed = max(sum(times) - t.backward_share * busy, times[-1])
-    return busy + t.overhead_s + exposed
+    # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
+    network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)
+                   * max(0.0, t.net.cpu_ns_per_byte - t.intra.cpu_ns_per_byte) * 1e-9)
+    on_cores = (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank + t.overhead_s
+    return max(busy + t.overhead_s + exposed, on_cores)
 
 
 def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:

@@ -9,7 +9,9 @@ model alone on rank 0 (no DDP; the other ranks wait), all with the same
 threads per rank (cores / ranks), so linearity = N-rank throughput / 1-rank
 throughput / N measures what communication costs (1.0: nothing). Throughput =
 ranks x batch x steps / the slowest rank's time; the median over repetitions
-is reported. Models and sizes: dlop/bench/ddp_models.py.
+is reported. Models and sizes: dlop/bench/ddp_models.py. ``--backends
+dlop,gloo,ideal`` adds DDP with a comm hook that communicates nothing: the
+ceiling any backend could reach here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from dlop.bench import _common, thread_cpu
 from dlop.bench.ddp_models import MODELS, gradient_bytes, resnet18_source
 
 BACKENDS = ("dlop", "gloo")
+# DDP whose comm hook communicates nothing: every rank trains alone on DDP's buckets. No backend can be faster, so
+# its samples/s over Gloo's is the most any backend could gain on this machine (`--backends dlop,gloo,ideal`).
+IDEAL = "ideal"
 HOOKS = ("none", "fp16", "bf16", "powersgd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SINGLE = "none"  # the backend field of the one-process rows
@@ -62,7 +67,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = [m for m in args.models if m not in MODELS] + [b for b in args.backends if b not in BACKENDS]
+    unknown = [m for m in args.models if m not in MODELS] + [b for b in args.backends if b not in (*BACKENDS, IDEAL)]
     if unknown:
         p.error(f"unknown model or backend: {', '.join(unknown)}")
     return args
@@ -88,6 +93,13 @@ def make_hook(name: str, group):
         return powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=2, start_powerSGD_iter=2,
                                            min_compression_rate=1, random_seed=7), powerSGD_hook.powerSGD_hook
     return None
+
+
+def no_communication(state, bucket):
+    """A comm hook that leaves the bucket as it is: DDP's own work without the all-reduce."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
 
 
 def train_steps(model: nn.Module, optimizer, inputs, labels, steps: int, autocast: str = "none"
@@ -132,7 +144,9 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
         group = None if backend == "dlop" else control
         model = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=cap,
                     gradient_as_bucket_view=args.bucket_view)
-        if (hook := make_hook(args.hook, group or dist.group.WORLD)) is not None:
+        if backend == IDEAL:
+            model.register_comm_hook(None, no_communication)
+        elif (hook := make_hook(args.hook, group or dist.group.WORLD)) is not None:
             model.register_comm_hook(*hook)
         modes[backend] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     if not args.no_single and rank == 0:
@@ -164,7 +178,8 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)
     cpu = torch.tensor([cpu_seconds[mode] for mode in order], dtype=torch.float64)  # [mode, repetition, group]
     dist.all_reduce(cpu, group=control)  # summed over ranks
-    synced = {backend: params_in_sync(modes[backend][0].module, control) for backend in args.backends}
+    synced = {backend: params_in_sync(modes[backend][0].module, control) for backend in args.backends
+              if backend != IDEAL}  # the ideal mode's ranks never exchange their gradients
     # Both backends trained their copy of one model for the same steps on the same data: how far apart they ended.
     apart = None
     if set(BACKENDS) <= set(args.backends):
@@ -189,7 +204,7 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
                      "cpu_ms_per_step": per_step * _common.median(cpu[i].sum(dim=1).tolist()),
                      "cpu_ms_per_step_by_thread": by_thread, "comm_thread_cpu_ms_per_step": comm_ms,
                      "comm_thread_cpu_ns_per_gradient_byte": 1e6 * comm_ms / gradient_bytes(base),
-                     "params_in_sync": synced.get(mode, True), "max_param_diff_vs_gloo": apart,
+                     "params_in_sync": synced.get(mode, None if mode == IDEAL else True), "max_param_diff_vs_gloo": apart,
                      "hook": args.hook, "dtype": args.dtype, "autocast": args.autocast,
                      "gradient_as_bucket_view": args.bucket_view})
     for row in rows:
@@ -220,7 +235,8 @@ def print_rows(rows: list[dict]) -> None:
                            f"{r['cpu_ms_per_step_by_thread']['training']:.1f}",
                            f"{r['comm_thread_cpu_ms_per_step']:.2f}" if comm else "-",
                            f"{r['comm_thread_cpu_ns_per_gradient_byte']:.3f}" if comm else "-", rate, cpu,
-                           "yes" if r["params_in_sync"] else "NO", ""), flush=True)
+                           "-" if r["backend"] == IDEAL else "yes" if r["params_in_sync"] else "NO", ""),
+              flush=True)
 
 
 def worker(args, threads: int) -> None:

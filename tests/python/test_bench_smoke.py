@@ -66,16 +66,18 @@ def test_c10d_busbw_follows_nccl_tests_factors(c10d_json):
 def ddp_json(tmp_path_factory):
     path = tmp_path_factory.mktemp("ddp") / "ddp.json"
     _run(["-m", "dlop.bench.ddp", "--ranks", "2", "--models", "transformer", "--batch", "2", "--steps", "1",
-          "--warmup", "0", "-r", "1", "--json", str(path)])
+          "--warmup", "0", "-r", "1", "--backends", "dlop,gloo,ideal", "--json", str(path)])
     return json.loads(path.read_text())
 
 
 def test_ddp_rows_and_linearity(ddp_json):
     rows = {r["backend"]: r for r in ddp_json["rows"]}
-    assert set(rows) == {"dlop", "gloo", "none"}
+    assert set(rows) == {"dlop", "gloo", "ideal", "none"}
     for row in rows.values():
         assert DDP_FIELDS <= set(row), row
-        assert row["model"] == "transformer" and row["samples_per_s"] > 0 and row["params_in_sync"]
+        assert row["model"] == "transformer" and row["samples_per_s"] > 0
+        # The ideal mode's ranks never exchange gradients: there is nothing to keep in sync.
+        assert row["params_in_sync"] is (None if row["backend"] == "ideal" else True)
     assert rows["none"]["ranks"] == 1 and rows["none"]["linearity"] == pytest.approx(1.0)
     for backend in ("dlop", "gloo"):
         row = rows[backend]
@@ -86,6 +88,7 @@ def test_ddp_rows_and_linearity(ddp_json):
         assert sum(row["cpu_ms_per_step_by_thread"].values()) == pytest.approx(row["cpu_ms_per_step"])
         assert row["comm_thread_cpu_ms_per_step"] == row["cpu_ms_per_step_by_thread"][backend] > 0
     assert rows["none"]["comm_thread_cpu_ms_per_step"] == 0
+    assert rows["ideal"]["ranks"] == 2 and rows["ideal"]["comm_thread_cpu_ms_per_step"] == 0
 
 
 def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):

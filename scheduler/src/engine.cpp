@@ -391,7 +391,13 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
     starting_.clear();
   }
   if (!gated_.empty()) start_ready_gated(finished);
-  if (running_.empty()) return !gated_.empty();
+  if (running_.empty()) {
+    // A send UCX completed may still sit in its TCP buffer (an eager send to
+    // another host larger than the socket had room for): only progress writes
+    // it out, after the op that sent it is gone.
+    mesh_->progress();
+    return !gated_.empty();
+  }
   // Tasks that only poll shared memory need no UCX pass (a third of a small
   // all-reduce's polling loop): their peers' deaths are found by their own
   // liveness checks (StallWatch). One pass in kMemoryOnlyPasses still
@@ -525,7 +531,10 @@ void Engine::thread_main() {
     });
     idle_passes = (running && had && finished.empty() && !local_work) ? idle_passes + 1 : 0;
     if (!had || !finished.empty()) spin_passes = kSpinPasses;
-    bool sleep = !running || (idle_passes > spin_passes && mesh_->arm());
+    // Idle, the thread sleeps on UCX's events too: data UCX still holds for a
+    // peer (above) leaves as the socket drains, and a peer's early messages
+    // are taken in. Events pending (arm fails): look again first.
+    bool sleep = running ? idle_passes > spin_passes && mesh_->arm() : mesh_->arm() || mesh_->event_fd() < 0;
     // Nothing wakes the thread when a device copy finishes: poll gated ops too.
     const bool polls_memory = sleep && running &&
                               (!gated_.empty() ||
@@ -550,12 +559,12 @@ void Engine::thread_main() {
     }
     if (sleep) {
       // Running ops: UCX's event fd wakes us (and a short timeout bounds the
-      // wait for timeouts and the watchdog). Idle: only a submitter does.
+      // wait for timeouts and the watchdog). Idle: a submitter or UCX does.
       // Woken with ops still running, by a UCX event or by the timeout: the
       // next news comes as an event again, so look once and sleep. Spinning
       // kSpinPasses after every 1 ms timeout, while a late peer's message is
       // awaited, took a tenth of the core from the compute it overlaps.
-      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), running);
+      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), true);
       if (running) spin_passes = kStreamPasses;
       idle_passes = 0;
     }

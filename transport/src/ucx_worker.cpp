@@ -1,11 +1,13 @@
 #include "transport/ucx_worker.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <net/if.h>
 #include <poll.h>
 
 #include "core/error.hpp"
@@ -44,6 +46,63 @@ std::vector<std::pair<std::string, std::string>> dlop_ucx_defaults() {
   };
 }
 
+// UCX's TCP transport cuts an eager message into TX_SEG_SIZE pieces (8 KiB
+// sent, 64 KiB received by default), each packed, written, read and matched
+// on its own. Across hosts dlop's ring chunks (256 KiB) go eagerly
+// (kRemoteEagerBytes), and on 10 Gbit/s between 2-core hosts that per-piece
+// CPU, not the link, set the all-reduce's time: with one segment per chunk a
+// rank's CPU per byte halved (bench/results/multihost/).
+// UCX 1.13 reads a transport's settings only from the environment when the
+// worker opens its interfaces (ucp_config_modify warns on stdout instead), so
+// the default goes there, once per process before the first worker, and
+// only where TCP may be opened (UCX warns on stdout about unused variables).
+// Values the user exported win.
+
+// Whether UCX will open its TCP transport, as far as the user's UCX_TLS and
+// UCX_NET_DEVICES say: otherwise UCX warns on stdout that the TCP variables
+// are unused.
+bool tcp_may_be_opened() {
+  auto names = [](const char* list) {
+    std::vector<std::string> out;
+    std::string item;
+    for (const char* c = list;; ++c) {
+      if (*c == ',' || *c == '\0') {
+        if (!item.empty()) out.push_back(item);
+        item.clear();
+        if (*c == '\0') return out;
+      } else {
+        item += *c;
+      }
+    }
+  };
+  if (const char* tls = std::getenv("UCX_TLS"); tls != nullptr) {
+    const bool excluding = tls[0] == '^';
+    const auto listed = names(excluding ? tls + 1 : tls);
+    const bool tcp_named = std::find(listed.begin(), listed.end(), "tcp") != listed.end();
+    const bool all_named = std::find(listed.begin(), listed.end(), "all") != listed.end();
+    if (excluding ? tcp_named : !(tcp_named || all_named)) return false;
+  }
+  if (const char* devices = std::getenv("UCX_NET_DEVICES"); devices != nullptr) {
+    const auto listed = names(devices);
+    // TCP's devices are network interfaces; RDMA ones (mlx5_0:1) are not.
+    return std::any_of(listed.begin(), listed.end(),
+                       [](const std::string& d) { return d == "all" || ::if_nametoindex(d.c_str()) != 0; });
+  }
+  return true;
+}
+
+void set_tcp_defaults_in_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // One size both ways (UCX wants receive segments no smaller than sent
+    // ones), and none of it where the user chose either.
+    if (std::getenv("UCX_TCP_TX_SEG_SIZE") != nullptr || std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr) return;
+    if (!tcp_may_be_opened()) return;
+    ::setenv("UCX_TCP_TX_SEG_SIZE", kTcpSegmentSize, /*overwrite=*/0);
+    ::setenv("UCX_TCP_RX_SEG_SIZE", kTcpSegmentSize, /*overwrite=*/0);
+  });
+}
+
 }  // namespace
 
 UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
@@ -75,6 +134,7 @@ UcxWorker::UcxWorker(const Options& options) {
   ucp_config_release(config);
   check_ucs(status, "ucp_init");
   context_.reset(context);
+  set_tcp_defaults_in_environment();
 
   // One thread drives the worker at a time, but not always the one that made it.
   ucp_worker_params_t worker_params{};

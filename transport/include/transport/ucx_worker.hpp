@@ -23,6 +23,10 @@ namespace dlop::transport {
 // per message.
 inline constexpr std::size_t kRemoteEagerBytes = std::size_t{2} << 20;
 
+// UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE unless the environment has
+// either (ucx_worker.cpp says why): one ring chunk per segment.
+inline constexpr const char* kTcpSegmentSize = "256k";
+
 // Throws dlop::Error(kTransport) naming the call and UCX's status string.
 void check_ucs(ucs_status_t status, const char* what);
 

@@ -4,9 +4,12 @@ A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
     busy      = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
-    on_links  = busy + overhead + max(allreduce(G) - backward_share x busy, allreduce(last bucket))
+    on_links  = busy + overhead + max(links(G) - backward_share x busy, links(last bucket))
     on_cores  = (compute_cpu + backend_cpu + network_cpu) / cores_per_rank + overhead
     step      = max(on_links, on_cores)
+
+(links(B): an all-reduce's time on the links alone; the CPU it takes is in
+on_cores, so a step is bound by its links or by its cores, whichever binds.)
     linearity = max(compute, compute_cpu / alone_cores) / step
 
 (alone_cores: what the 1-rank baseline had; on a machine shared with other
@@ -32,8 +35,9 @@ Terms and where they come from (dlop/bench/linearity_calibrate.py):
   own (cores_per_rank), never folded into a link: on a machine with spare
   cores busy = compute, on an oversubscribed one the ranks' CPU is shared.
 
-All-reduce of B bytes (alpha = a link's latency, beta = 1 / its bandwidth),
-and never faster than the CPU its network bytes take on the rank's cores:
+All-reduce of B bytes on the links (alpha = a link's latency, beta = 1 / its
+bandwidth); alone, an all-reduce is also never faster than the CPU its
+network bytes take on the rank's cores:
 
 - flat ring, ranks placed on hosts in rank order (torchrun's placement, so
   one ring edge leaves each host): 2(N-1) steps of B/N bytes, every step as
@@ -116,12 +120,12 @@ def network_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
 
 
 def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
-    on_links = _allreduce_on_links(algorithm, nbytes, layout, intra, net)
+    """An all-reduce on its own: its time on the links, or the CPU its network bytes take, whichever is longer."""
     on_cores = network_bytes(algorithm, nbytes, layout) * net.cpu_ns_per_byte * 1e-9 / layout.cores_per_rank
-    return max(on_links, on_cores)
+    return max(allreduce_on_links(algorithm, nbytes, layout, intra, net), on_cores)
 
 
-def _allreduce_on_links(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
+def allreduce_on_links(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
     if algorithm == "ring":
         if layout.hosts == 1:
             return ring_allreduce(nbytes, layout.ranks, intra)
@@ -167,7 +171,7 @@ def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) 
     if layout.ranks <= 1:
         return busy + t.overhead_s
     sizes = buckets(t.gradient_bytes, bucket_bytes)
-    times = [allreduce_seconds(algorithm, b, layout, t.intra, t.net) for b in sizes]
+    times = [allreduce_on_links(algorithm, b, layout, t.intra, t.net) for b in sizes]
     exposed = max(sum(times) - t.backward_share * busy, times[-1])
     # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
     network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)

@@ -204,7 +204,8 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
                      "cpu_ms_per_step": per_step * _common.median(cpu[i].sum(dim=1).tolist()),
                      "cpu_ms_per_step_by_thread": by_thread, "comm_thread_cpu_ms_per_step": comm_ms,
                      "comm_thread_cpu_ns_per_gradient_byte": 1e6 * comm_ms / gradient_bytes(base),
-                     "params_in_sync": synced.get(mode, None if mode == IDEAL else True), "max_param_diff_vs_gloo": apart,
+                     "params_in_sync": synced.get(mode, None if mode == IDEAL else True),
+                     "max_param_diff_vs_gloo": apart,
                      "hook": args.hook, "dtype": args.dtype, "autocast": args.autocast,
                      "gradient_as_bucket_view": args.bucket_view})
     for row in rows:

@@ -9,8 +9,9 @@ Calibration (this host, one benchmark per term; dlop/bench/scaling_model.py):
 dlop's intra-host link from ``dlop-bench allreduce --local 2``, Gloo's from
 its 2-rank all-reduce, the network from ``dlop-bench p2p`` between namespace
 hosts, each backend's CPU per byte on this host and across two hosts from
-2-rank all-reduces through torch, compute and backward's share from the model alone, DDP's overhead and
-the backend's CPU per step from 1- and 2-rank ``dlop.bench.ddp`` runs.
+2-rank all-reduces through torch, compute and backward's share from the
+model alone, DDP's overhead and the backend's CPU per step from 1- and
+2-rank ``dlop.bench.ddp`` runs.
 Checks (out of sample): per --rates link and --layouts HxP (H namespace
 hosts, P ranks each, tbf-shaped), all-reduce times of dlop's ring and
 hierarchical algorithms and Gloo's, and DDP's linearity. Each is measured

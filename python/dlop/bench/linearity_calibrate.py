@@ -165,7 +165,8 @@ def network(hosts, out: Path, tag: str, port: int, repetitions: int) -> dict:
     path, log = out / f"net_{tag}.json", out / f"net_{tag}.txt"
     with open(log, "w") as f:
         procs = [hosts.popen(r, [dlop_bench(), "p2p", "--rank", str(r), "--size", "2", "--store",
-                                 f"{hosts.addrs[0]}:{port}", "-b", "8", "-e", "2M", "-f", "262144", "-r", str(repetitions)]
+                                 f"{hosts.addrs[0]}:{port}", "-b", "8", "-e", "2M", "-f", "262144",
+                                 "-r", str(repetitions)]
                              + (["--json", str(path)] if r == 0 else []), stdout=f, stderr=subprocess.STDOUT)
                  for r in range(2)]
         _wait_all(procs, "dlop-bench p2p between namespace hosts", log)

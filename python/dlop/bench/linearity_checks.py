@@ -22,8 +22,8 @@ def allreduce(hosts, n_hosts: int, per_host: int, algorithm: str, sizes: str, re
     def args(rank: int) -> list[str]:
         return c10d_args("dlop,gloo", sizes, repetitions, path if rank == 0 else None, check=True)
 
-    launch_ranks(hosts, n_hosts, per_host, "dlop.bench.c10d", args, {"DLOP_ALGO": f"allreduce:{algorithm}"}, out / f"allreduce_{tag}.txt",
-            f"{algorithm} all-reduce", port)
+    launch_ranks(hosts, n_hosts, per_host, "dlop.bench.c10d", args, {"DLOP_ALGO": f"allreduce:{algorithm}"},
+                 out / f"allreduce_{tag}.txt", f"{algorithm} all-reduce", port)
     _, rows = _common.read_rows(str(path))
     if any(r["wrong"] > 0 for r in rows):
         raise RuntimeError(f"wrong all-reduce results in {path}")
@@ -36,6 +36,6 @@ def ddp(hosts, n_hosts: int, per_host: int, ddp_args: list[str], out: Path, tag:
     path = out / f"ddp_{tag}.json"
     meter = CpuMeter()
     launch_ranks(hosts, n_hosts, per_host, "dlop.bench.ddp", lambda r: [*ddp_args, "--json", str(path)], {},
-            out / f"ddp_{tag}.txt", "DDP", port)
+                 out / f"ddp_{tag}.txt", "DDP", port)
     background = meter.background_cores()
     return [dict(r, background_cores=background) for r in _common.read_rows(str(path))[1]]

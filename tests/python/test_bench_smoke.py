@@ -9,6 +9,7 @@ checked collective gave the expected values (#wrong 0) on dlop and on Gloo.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlop.bench.c10d_ops import CASES
+from dlop.bench.ddp import pinned_cores
 
 pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
 
@@ -66,7 +68,7 @@ def test_c10d_busbw_follows_nccl_tests_factors(c10d_json):
 def ddp_json(tmp_path_factory):
     path = tmp_path_factory.mktemp("ddp") / "ddp.json"
     _run(["-m", "dlop.bench.ddp", "--ranks", "2", "--models", "transformer", "--batch", "2", "--steps", "1",
-          "--warmup", "0", "-r", "1", "--backends", "dlop,gloo,ideal", "--json", str(path)])
+          "--warmup", "0", "-r", "2", "--backends", "dlop,gloo,ideal", "--pin-cores", "--json", str(path)])
     return json.loads(path.read_text())
 
 
@@ -83,12 +85,31 @@ def test_ddp_rows_and_linearity(ddp_json):
         row = rows[backend]
         assert row["ranks"] == 2
         assert row["linearity"] == pytest.approx(row["samples_per_s"] / rows["none"]["samples_per_s"] / 2)
-        # One repetition: the per-thread split adds up to the process's CPU, and the all-reduces ran on the
-        # backend's own threads (dlop-progress; Gloo's pt_gloo_runloop), which the split names.
+        # Two repetitions, whose median is their mean: the per-thread split adds up to the process's CPU, and the
+        # all-reduces ran on the backend's own threads (dlop-progress; Gloo's pt_gloo_runloop), which the split names.
         assert sum(row["cpu_ms_per_step_by_thread"].values()) == pytest.approx(row["cpu_ms_per_step"])
         assert row["comm_thread_cpu_ms_per_step"] == row["cpu_ms_per_step_by_thread"][backend] > 0
     assert rows["none"]["comm_thread_cpu_ms_per_step"] == 0
     assert rows["ideal"]["ranks"] == 2 and rows["ideal"]["comm_thread_cpu_ms_per_step"] == 0
+    for row in rows.values():  # two repetitions, and their median
+        assert len(row["samples_per_s_runs"]) == 2
+        assert row["samples_per_s"] == pytest.approx(sum(row["samples_per_s_runs"]) / 2)
+
+
+def test_ddp_pins_its_ranks_to_their_cores(ddp_json):
+    cpus = sorted(os.sched_getaffinity(0))
+    assert ddp_json["header"]["pinned"] == sorted(pinned_cores(0, 2, cpus))
+
+
+@pytest.mark.parametrize("ranks, cpus, expected", [
+    (2, [0, 1], [{0}, {1}]),
+    (4, [0, 1], [{0}, {1}, {0}, {1}]),  # two ranks a core, a host's ranks on different cores
+    (2, [4, 5, 6, 7, 8], [{4, 5}, {6, 7}]),  # equal blocks; the fifth core idles
+    (3, [0, 1], [None, None, None]),  # uneven: left to the kernel
+    (1, [2, 3], [{2, 3}]),
+])
+def test_pinned_cores_share_the_cores_evenly(ranks, cpus, expected):
+    assert [pinned_cores(r, ranks, cpus) for r in range(ranks)] == expected
 
 
 def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):

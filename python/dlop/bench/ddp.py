@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default="none",
                    help="run forward and loss under torch.autocast('cpu', dtype)")
     p.add_argument("--bucket-view", action="store_true", help="DDP(..., gradient_as_bucket_view=True)")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="bind each rank to its share of this machine's cores (ranks on one machine, or on namespace "
+                        "hosts of one machine; see pinned_cores): steadier steps where ranks fill the cores")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="a progress bar on stderr (rank 0, when stderr is a terminal)")
@@ -192,13 +195,15 @@ def bench_model(name: str, args, control, rank: int, ranks: int) -> list[dict]:
     rows, single = [], None
     for i, mode in enumerate(order):
         workers = 1 if mode == SINGLE else ranks
-        rate = _common.median([workers * batch * args.steps / s for s in slowest[i].tolist()])
+        rates = [workers * batch * args.steps / s for s in slowest[i].tolist()]
+        rate = _common.median(rates)
         if mode == SINGLE:
             single = rate
         per_step = 1e3 / workers / args.steps  # CPU seconds summed over ranks -> ms per rank and step
         by_thread = {g: per_step * _common.median(cpu[i, :, k].tolist()) for k, g in enumerate(thread_cpu.GROUPS)}
         comm_ms = by_thread.get(mode, 0.0)  # the backend's own threads
         rows.append({"model": name, "backend": mode, "ranks": workers, "samples_per_s": rate,
+                     "samples_per_s_runs": rates,
                      "batch_per_rank": batch, "steps": args.steps, "repetitions": args.repetitions,
                      "step_ms": 1e3 * workers * batch / rate, "gradient_mib": gradient_bytes(base) / 2**20,
                      "cpu_ms_per_step": per_step * _common.median(cpu[i].sum(dim=1).tolist()),
@@ -240,7 +245,23 @@ def print_rows(rows: list[dict]) -> None:
               flush=True)
 
 
+def pinned_cores(rank: int, ranks: int, cpus: list[int]) -> set[int] | None:
+    """The cores --pin-cores binds global rank `rank` of `ranks` to when they all share `cpus`: an equal block each
+    (a remainder idles), or with more ranks than cores, core rank mod cores; None when the ranks cannot share the
+    cores evenly (3 ranks on 2 cores), which binding would make worse than the kernel's scheduling."""
+    if ranks <= len(cpus):
+        per = len(cpus) // ranks
+        return set(cpus[rank * per:(rank + 1) * per])
+    return {cpus[rank % len(cpus)]} if ranks % len(cpus) == 0 else None
+
+
 def worker(args, threads: int) -> None:
+    # Unbound, ranks filling the cores migrate between them and a step's time moves by a tenth from one repetition
+    # to the next (bench/results/linearity/); bound, each keeps its core and its cache.
+    pinned = pinned_cores(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                          sorted(os.sched_getaffinity(0))) if args.pin_cores else None
+    if pinned is not None:
+        os.sched_setaffinity(0, pinned)
     torch.set_num_threads(threads)
     dist.init_process_group(backend="dlop")
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -248,7 +269,8 @@ def worker(args, threads: int) -> None:
     header = _common.run_header(benchmark="ddp", ranks=ranks, threads_per_rank=threads, steps=args.steps,
                                 warmup=args.warmup, repetitions=args.repetitions, bucket_cap_mb=args.bucket_cap_mb,
                                 resnet18=resnet18_source(), optimizer="SGD lr 0.01 momentum 0.9", hook=args.hook,
-                                dtype=args.dtype, autocast=args.autocast, gradient_as_bucket_view=args.bucket_view)
+                                dtype=args.dtype, autocast=args.autocast, gradient_as_bucket_view=args.bucket_view,
+                                pinned=sorted(pinned) if pinned else None)
     if rank == 0:
         print(_common.header_comment(header))
         print(f"# {header['command']}")

@@ -33,7 +33,7 @@ perftest() {  # test size iterations
 # One dlop-bench p2p row: latency (us) or bandwidth (GB/s) at a size.
 dlop() {  # latency|bandwidth size
   "$bench" p2p --local 2 -b "$2" -e "$2" -r 9 --json "$tmp/p2p.json" >/dev/null
-  python3 -c "import json,sys; r=json.load(open('$tmp/p2p.json'))['rows'][0]; print(r['latency_us' if sys.argv[1]=='latency' else 'bandwidth_gbps'])" "$1"
+  python3 -c "import json,sys; r=json.load(open('$tmp/p2p.json'))['rows'][0]; print('%.3f' % r['latency_us'] if sys.argv[1]=='latency' else '%.4f' % r['bandwidth_gbps'])" "$1"
 }
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
@@ -52,9 +52,9 @@ for tls in default tcp; do
     done
     u=$(median <"$tmp/ucx"); d=$(median <"$tmp/dlop")
     if [ "$kind" = latency ]; then
-      ratio=$(awk -v d="$d" -v u="$u" 'BEGIN{printf "%.2f", d/u}'); target="<=1.10"; unit=us
+      ratio=$(awk -v d="$d" -v u="$u" 'BEGIN{printf "%.2f", d/u}'); target="<=1.05"; unit=us
     else
-      ratio=$(awk -v d="$d" -v u="$u" 'BEGIN{printf "%.2f", d/u}'); target=">=0.90"; unit=GB/s
+      ratio=$(awk -v d="$d" -v u="$u" 'BEGIN{printf "%.2f", d/u}'); target=">=1.00"; unit=GB/s
     fi
     printf '%-8s %-22s %12s %12s %8s %8s\n' "$tls" "$kind $size B ($unit)" "$u" "$d" "$ratio" "$target"
     rows+=("{\"transport\":\"$tls\",\"figure\":\"$kind\",\"bytes\":$size,\"ucx_perftest\":$u,\"dlop\":$d,\"ratio\":$ratio}")

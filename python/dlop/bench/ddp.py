@@ -62,8 +62,8 @@ def parse_args(argv=None):
                    help="run forward and loss under torch.autocast('cpu', dtype)")
     p.add_argument("--bucket-view", action="store_true", help="DDP(..., gradient_as_bucket_view=True)")
     p.add_argument("--pin-cores", action="store_true",
-                   help="bind each rank to its share of this machine's cores (ranks on one machine, or on namespace "
-                        "hosts of one machine; see pinned_cores): steadier steps where ranks fill the cores")
+                   help="bind each rank to its share of this machine's cores, as mpirun --bind-to core does (ranks "
+                        "on one machine, or on namespace hosts of one machine; see pinned_cores)")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="a progress bar on stderr (rank 0, when stderr is a terminal)")
@@ -256,8 +256,7 @@ def pinned_cores(rank: int, ranks: int, cpus: list[int]) -> set[int] | None:
 
 
 def worker(args, threads: int) -> None:
-    # Unbound, ranks filling the cores migrate between them and a step's time moves by a tenth from one repetition
-    # to the next (bench/results/linearity/); bound, each keeps its core and its cache.
+    # Before torch starts its threads, which inherit the mask.
     pinned = pinned_cores(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                           sorted(os.sched_getaffinity(0))) if args.pin_cores else None
     if pinned is not None:

@@ -99,7 +99,7 @@ def ddp_args(args) -> list[str]:
     """`python -m dlop.bench.ddp`'s arguments, as calibration and checks both run it."""
     argv = ["--models", ",".join(args.models), "--backends", "dlop,gloo",
             "--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup), "-r",
-            str(args.repetitions), "--bucket-cap-mb", str(args.bucket_cap_mb), "--no-progress", "--pin-cores"]
+            str(args.repetitions), "--bucket-cap-mb", str(args.bucket_cap_mb), "--no-progress"]
     return argv + (["--batch", str(args.batch)] if args.batch else [])
 
 

@@ -248,7 +248,7 @@ def print_rows(rows: list[dict]) -> None:
 def pinned_cores(rank: int, ranks: int, cpus: list[int]) -> set[int] | None:
     """The cores --pin-cores binds global rank `rank` of `ranks` to when they all share `cpus`: an equal block each
     (a remainder idles), or with more ranks than cores, core rank mod cores; None when the ranks cannot share the
-    cores evenly (3 ranks on 2 cores), which binding would make worse than the kernel's scheduling."""
+    cores evenly (3 ranks on 2 cores): bound, one core would carry more ranks than the other."""
     if ranks <= len(cpus):
         per = len(cpus) // ranks
         return set(cpus[rank * per:(rank + 1) * per])

@@ -7,10 +7,10 @@ what of the gradient's all-reduce does not hide behind backward:
     on_links  = busy + overhead + max(links(G) - backward_share x busy, links(last bucket))
     on_cores  = (compute_cpu + backend_cpu + network_cpu) / cores_per_rank + overhead
     step      = max(on_links, on_cores)
+    linearity = max(compute, compute_cpu / alone_cores) / step
 
 (links(B): an all-reduce's time on the links alone; the CPU it takes is in
 on_cores, so a step is bound by its links or by its cores, whichever binds.)
-    linearity = max(compute, compute_cpu / alone_cores) / step
 
 (alone_cores: what the 1-rank baseline had; on a machine shared with other
 work, cores are a fair share: cores / (busy ranks + other runnable threads).)

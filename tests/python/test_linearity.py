@@ -203,12 +203,25 @@ def test_the_cpu_a_link_costs_bounds_all_reduce_and_step():
     assert sm.allreduce_seconds("ring", b, two_hosts, intra, tcp) == pytest.approx(b * 20e-9 / 0.5)
     plenty = sm.Layout(2, 1, 1e6)
     assert sm.allreduce_seconds("ring", b, plenty, intra, tcp) == pytest.approx(sm.ring_allreduce(b, 2, tcp))
-    # Two 1 MiB buckets whose all-reduces hide behind backward, but whose CPU does not: the step is the cores' work,
-    # with the network's CPU beyond the intra-host link's (the part the 1-host backend_cpu did not see).
+    # The bytes an average rank sends inside its host: the rest of a ring's, or the leader's reduce and broadcast.
+    assert sm.intra_bytes("ring", b, sm.Layout(1, 4, 1.0)) == pytest.approx(1.5 * b)
+    assert sm.intra_bytes("ring", b, sm.Layout(2, 2, 1.0)) == pytest.approx(1.5 * b - 1.5 * b * 2 / 4)
+    assert sm.intra_bytes("hierarchical", b, sm.Layout(2, 2, 1.0)) == pytest.approx(b)
+    assert sm.intra_bytes("ring", b, two_hosts) == 0
+    # Alone, an all-reduce takes at least the CPU of both kinds of bytes: the leaders' network and the host's.
+    assert sm.allreduce_seconds("hierarchical", b, sm.Layout(2, 2, 0.5), intra, tcp) \
+        == pytest.approx((b / 2 * 20e-9 + b * 0.5e-9) / 0.5)
+    # Two 1 MiB buckets: the first hides behind backward, the last one's time on the links follows backward, and the
+    # CPU of both adds to the rank's busy time: the network's CPU beyond the intra-host link's (the part the 1-host
+    # backend_cpu did not see) does not hide behind the links' time.
     t = sm.Terms(0.1, 0.1, 0.5, 0.0, 0.02, 2 * MIB, intra, tcp)
-    assert sm.step_seconds(t, "ring", two_hosts, BUCKET) == pytest.approx((0.12 + 2 * MIB * 19.5e-9) / 0.5)
+    last = sm.ring_allreduce(MIB, 2, tcp)
+    assert sm.step_seconds(t, "ring", two_hosts, BUCKET) == pytest.approx((0.12 + 2 * MIB * 19.5e-9) / 0.5 + last)
     assert sm.step_seconds(replace(t, net=replace(tcp, cpu_ns_per_byte=0.0)), "ring", two_hosts, BUCKET) \
-        == pytest.approx(0.12 / 0.5 + sm.ring_allreduce(MIB, 2, tcp))
+        == pytest.approx(0.12 / 0.5 + last)
+    # DDP's 1-rank overhead adds to the step; on spare cores busy is the compute, which the CPU no longer bounds.
+    spare = sm.Layout(2, 1, 4.0)
+    assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", spare, BUCKET) == pytest.approx(0.1 + 0.01 + last)
 
 
 def _table(markdown: str, section: str) -> list[dict]:

@@ -3,14 +3,15 @@
 A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
-    busy      = max(compute, (compute_cpu + backend_cpu) / cores_per_rank)
-    on_links  = busy + overhead + max(links(G) - backward_share x busy, links(last bucket))
-    on_cores  = (compute_cpu + backend_cpu + network_cpu) / cores_per_rank + overhead
-    step      = max(on_links, on_cores)
+    busy      = max(compute, (compute_cpu + backend_cpu + network_cpu) / cores_per_rank)
+    step      = busy + overhead + max(links(G) - backward_share x busy, links(last bucket))
     linearity = max(compute, compute_cpu / alone_cores) / step
 
-(links(B): an all-reduce's time on the links alone; the CPU it takes is in
-on_cores, so a step is bound by its links or by its cores, whichever binds.)
+(links(B): an all-reduce's time on the links alone. A rank's CPU for the
+all-reduce, network_cpu included, adds to its busy time instead of hiding
+behind the links' time: DDP steps across namespace hosts measure the sum.
+On a 1 Gbit/s link, the last bucket's 130 ms on the link had room for all
+of that CPU, and the step still paid both.)
 
 (alone_cores: what the 1-rank baseline had; on a machine shared with other
 work, cores are a fair share: cores / (busy ranks + other runnable threads).)
@@ -37,7 +38,7 @@ Terms and where they come from (dlop/bench/linearity_calibrate.py):
 
 All-reduce of B bytes on the links (alpha = a link's latency, beta = 1 / its
 bandwidth); alone, an all-reduce is also never faster than the CPU its
-network bytes take on the rank's cores:
+bytes take on the rank's cores (each link's CPU per byte):
 
 - flat ring, ranks placed on hosts in rank order (torchrun's placement, so
   one ring edge leaves each host): 2(N-1) steps of B/N bytes, every step as
@@ -119,10 +120,21 @@ def network_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
     return 2 * (ranks - 1) / ranks * nbytes * layout.hosts / ranks  # one ring edge in ranks/hosts leaves a host
 
 
+def intra_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
+    """The bytes a rank sends to ranks on its own host in one all-reduce, averaged over the ranks."""
+    if layout.per_host <= 1:
+        return 0.0
+    if algorithm == "hierarchical" and layout.hosts > 1:  # binomial reduce, then broadcast: each edge twice
+        return 2 * (layout.per_host - 1) / layout.per_host * nbytes
+    ranks = layout.ranks
+    return 2 * (ranks - 1) / ranks * nbytes - network_bytes(algorithm, nbytes, layout)
+
+
 def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
-    """An all-reduce on its own: its time on the links, or the CPU its network bytes take, whichever is longer."""
-    on_cores = network_bytes(algorithm, nbytes, layout) * net.cpu_ns_per_byte * 1e-9 / layout.cores_per_rank
-    return max(allreduce_on_links(algorithm, nbytes, layout, intra, net), on_cores)
+    """An all-reduce on its own: its time on the links, or the CPU its bytes take, whichever is longer."""
+    cpu = (network_bytes(algorithm, nbytes, layout) * net.cpu_ns_per_byte
+           + intra_bytes(algorithm, nbytes, layout) * intra.cpu_ns_per_byte) * 1e-9
+    return max(allreduce_on_links(algorithm, nbytes, layout, intra, net), cpu / layout.cores_per_rank)
 
 
 def allreduce_on_links(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
@@ -167,17 +179,15 @@ class Terms:
 
 def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:
     """One DDP step on `layout` (see the module's docstring)."""
-    busy = max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s) / layout.cores_per_rank)
     if layout.ranks <= 1:
-        return busy + t.overhead_s
+        return max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s) / layout.cores_per_rank) + t.overhead_s
     sizes = buckets(t.gradient_bytes, bucket_bytes)
-    times = [allreduce_on_links(algorithm, b, layout, t.intra, t.net) for b in sizes]
-    exposed = max(sum(times) - t.backward_share * busy, times[-1])
     # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
     network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)
                    * max(0.0, t.net.cpu_ns_per_byte - t.intra.cpu_ns_per_byte) * 1e-9)
-    on_cores = (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank + t.overhead_s
-    return max(busy + t.overhead_s + exposed, on_cores)
+    busy = max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank)
+    times = [allreduce_on_links(algorithm, b, layout, t.intra, t.net) for b in sizes]
+    return busy + t.overhead_s + max(sum(times) - t.backward_share * busy, times[-1])
 
 
 def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:

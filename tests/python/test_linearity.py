@@ -219,9 +219,11 @@ def test_the_cpu_a_link_costs_bounds_all_reduce_and_step():
     assert sm.step_seconds(t, "ring", two_hosts, BUCKET) == pytest.approx((0.12 + 2 * MIB * 19.5e-9) / 0.5 + last)
     assert sm.step_seconds(replace(t, net=replace(tcp, cpu_ns_per_byte=0.0)), "ring", two_hosts, BUCKET) \
         == pytest.approx(0.12 / 0.5 + last)
-    # DDP's 1-rank overhead adds to the step; on spare cores busy is the compute, which the CPU no longer bounds.
+    # DDP's 1-rank overhead adds to the compute where the cores have room; where they bind, backend_cpu holds it.
     spare = sm.Layout(2, 1, 4.0)
     assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", spare, BUCKET) == pytest.approx(0.1 + 0.01 + last)
+    assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", two_hosts, BUCKET) \
+        == pytest.approx(sm.step_seconds(t, "ring", two_hosts, BUCKET))
 
 
 def _table(markdown: str, section: str) -> list[dict]:

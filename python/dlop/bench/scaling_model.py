@@ -3,15 +3,16 @@
 A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
-    busy      = max(compute, (compute_cpu + backend_cpu + network_cpu) / cores_per_rank)
-    step      = busy + overhead + max(links(G) - backward_share x busy, links(last bucket))
+    busy      = max(compute + overhead, (compute_cpu + backend_cpu + network_cpu) / cores_per_rank)
+    step      = busy + max(links(G) - backward_share x busy, links(last bucket))
     linearity = max(compute, compute_cpu / alone_cores) / step
 
 (links(B): an all-reduce's time on the links alone. A rank's CPU for the
 all-reduce, network_cpu included, adds to its busy time instead of hiding
 behind the links' time: DDP steps across namespace hosts measure the sum.
 On a 1 Gbit/s link, the last bucket's 130 ms on the link had room for all
-of that CPU, and the step still paid both.)
+of that CPU, and the step still paid both. DDP's 1-rank overhead is CPU work
+that backend_cpu already holds, so it adds only where the cores do not bind.)
 
 (alone_cores: what the 1-rank baseline had; on a machine shared with other
 work, cores are a fair share: cores / (busy ranks + other runnable threads).)
@@ -185,9 +186,9 @@ def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) 
     # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
     network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)
                    * max(0.0, t.net.cpu_ns_per_byte - t.intra.cpu_ns_per_byte) * 1e-9)
-    busy = max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank)
+    busy = max(t.compute_s + t.overhead_s, (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank)
     times = [allreduce_on_links(algorithm, b, layout, t.intra, t.net) for b in sizes]
-    return busy + t.overhead_s + max(sum(times) - t.backward_share * busy, times[-1])
+    return busy + max(sum(times) - t.backward_share * busy, times[-1])
 
 
 def linearity(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:

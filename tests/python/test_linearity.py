@@ -224,6 +224,8 @@ def test_the_cpu_a_link_costs_bounds_all_reduce_and_step():
     assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", spare, BUCKET) == pytest.approx(0.1 + 0.01 + last)
     assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", two_hosts, BUCKET) \
         == pytest.approx(sm.step_seconds(t, "ring", two_hosts, BUCKET))
+    # One rank has no all-reduce to wait for: its step is its busy time.
+    assert sm.step_seconds(replace(t, overhead_s=0.01), "ring", sm.Layout(1, 1, 4.0), BUCKET) == pytest.approx(0.11)
 
 
 def _table(markdown: str, section: str) -> list[dict]:

@@ -123,8 +123,6 @@ def network_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
 
 def intra_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
     """The bytes a rank sends to ranks on its own host in one all-reduce, averaged over the ranks."""
-    if layout.per_host <= 1:
-        return 0.0
     if algorithm == "hierarchical" and layout.hosts > 1:  # binomial reduce, then broadcast: each edge twice
         return 2 * (layout.per_host - 1) / layout.per_host * nbytes
     ranks = layout.ranks
@@ -180,8 +178,6 @@ class Terms:
 
 def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) -> float:
     """One DDP step on `layout` (see the module's docstring)."""
-    if layout.ranks <= 1:
-        return max(t.compute_s, (t.compute_cpu_s + t.backend_cpu_s) / layout.cores_per_rank) + t.overhead_s
     sizes = buckets(t.gradient_bytes, bucket_bytes)
     # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
     network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)

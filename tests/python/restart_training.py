@@ -5,7 +5,8 @@ the final weights; a kill plan makes it SIGKILL one of its ranks in the
 attempts it names. Everything a test needs to know goes to files in
 RESTART_DIR, one line per event:
 
-- ``up <attempt> <rank> <world> <pid> <resume step>`` once the process group is up;
+- ``up <attempt> <rank> <world> <pid> <resume step>`` once the process group and DDP are up
+  (a barrier follows: no rank steps before all are up);
 - ``kill <attempt> <rank> <where>`` just before a rank kills itself;
 - ``done <attempt> <rank> <world>`` after the last step;
 - ``init <attempt> <rank> <pid>`` just before init_process_group;
@@ -96,6 +97,9 @@ def main() -> None:
         start = state["step"]
     ddp = DistributedDataParallel(model)
     _event(folder, f"up {attempt} {rank} {world} {os.getpid()} {start}")
+    # No rank starts step 0 (where a plan may kill it) before every rank is up: a rank still in
+    # DDP's first broadcast would otherwise see its peer die and never come up.
+    dist.barrier()
 
     finish_world = int(os.environ.get("RESTART_FINISH_WORLD", "0"))
     for step in range(start, steps):

@@ -137,18 +137,18 @@ test-python: build
 	else echo "test-python: no tests/python, nothing to run"; fi
 
 test-asan: deps
-	$(call cmake_configure,$(BUILD_ASAN),-DDLOP_SANITIZE=address$(,)undefined -DDLOP_BUILD_TORCH_EXTENSION=OFF)
+	$(call cmake_configure,$(BUILD_ASAN),-DDLOP_SANITIZE=address$(,)undefined -DDLOP_BUILD_TORCH_EXTENSION=OFF -DDLOP_BUILD_BENCH=OFF)
 	$(CMAKE) --build $(BUILD_ASAN) -j$(JOBS)
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_ASAN)
 
 test-tsan: deps
-	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF)
+	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF -DDLOP_BUILD_BENCH=OFF)
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS)
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN)
 
 # The default test run: the engine (scheduler), its fast path and the wait-policy tests under ThreadSanitizer.
 test-tsan-engine: deps
-	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF)
+	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF -DDLOP_BUILD_BENCH=OFF)
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath|ReadyEvent)\.|/(InlinePathRanks|ShmEngineKill)\.'
 

@@ -5,10 +5,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <charconv>
-#include <filesystem>
-#include <fstream>
-#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>
@@ -26,54 +22,6 @@ std::chrono::nanoseconds thread_cpu_time() {
   return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
 }
 
-std::string read_first_line(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::optional<long long> parse_integer(std::string_view text) {
-  long long v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return v;
-}
-
-// The tightest CPU quota on the way from this process's cgroup to the root.
-std::optional<double> cgroup_quota(std::string& where) {
-  std::ifstream in("/proc/self/cgroup");
-  std::optional<double> tightest;
-  for (std::string line; std::getline(in, line);) {
-    const auto first = line.find(':');
-    const auto second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1);
-    const std::filesystem::path path = line.substr(second + 1);
-    const bool v2 = controllers.empty();
-    const bool v1_cpu = ("," + controllers + ",").find(",cpu,") != std::string::npos;
-    if (!v2 && !v1_cpu) continue;
-    const std::filesystem::path root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/cpu";
-    for (std::filesystem::path p = path; !p.empty(); p = p.has_relative_path() ? p.parent_path() : std::filesystem::path()) {
-      const auto dir = root / p.relative_path();
-      std::optional<double> cores;
-      if (v2) {
-        cores = parse_cgroup_cpu_max(read_first_line(dir / "cpu.max"));
-      } else {
-        const auto quota = parse_integer(read_first_line(dir / "cpu.cfs_quota_us"));
-        const auto period = parse_integer(read_first_line(dir / "cpu.cfs_period_us"));
-        if (quota && period && *quota > 0 && *period > 0) cores = static_cast<double>(*quota) / static_cast<double>(*period);
-      }
-      if (cores && (!tightest || *cores < *tightest)) {
-        tightest = cores;
-        where = (dir / (v2 ? "cpu.max" : "cpu.cfs_quota_us")).string();
-      }
-      if (p == p.root_path()) break;
-    }
-  }
-  return tightest;
-}
-
 }  // namespace
 
 std::string_view wait_mode_name(WaitMode mode) {
@@ -85,61 +33,6 @@ std::string_view wait_mode_name(WaitMode mode) {
   return "?";
 }
 
-std::optional<double> parse_cgroup_cpu_max(std::string_view text) {
-  const auto space = text.find(' ');
-  if (space == std::string_view::npos) return std::nullopt;
-  const auto quota = parse_integer(text.substr(0, space));
-  const auto period = parse_integer(text.substr(space + 1));
-  if (!quota || !period || *quota <= 0 || *period <= 0) return std::nullopt;  // "max", or unreadable
-  return static_cast<double>(*quota) / static_cast<double>(*period);
-}
-
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) {
-    cpus.resize(std::max(1u, std::thread::hardware_concurrency()));
-    std::iota(cpus.begin(), cpus.end(), 0);
-    return cpus;
-  }
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
-namespace {
-
-CoreBudget capped_by_quota(CoreBudget budget) {
-  std::string where;
-  if (const auto quota = cgroup_quota(where); quota && *quota < budget.cores) {
-    budget.cores = std::max(*quota, 0.01);
-    budget.why += fmt::format(", cgroup quota {:.2f} cores ({})", *quota, where);
-  }
-  return budget;
-}
-
-}  // namespace
-
-CoreBudget usable_cores() {
-  const unsigned online = std::max(1u, std::thread::hardware_concurrency());
-  const auto allowed = allowed_cpus().size();
-  return capped_by_quota({.cores = static_cast<double>(std::max<std::size_t>(1, allowed)),
-                          .why = fmt::format("affinity: {} of {} CPUs", allowed, online)});
-}
-
-CoreBudget usable_cores(const std::vector<std::vector<int>>& allowed_per_rank) {
-  std::vector<int> any;
-  for (const auto& cpus : allowed_per_rank) any.insert(any.end(), cpus.begin(), cpus.end());
-  std::sort(any.begin(), any.end());
-  any.erase(std::unique(any.begin(), any.end()), any.end());
-  const unsigned online = std::max(1u, std::thread::hardware_concurrency());
-  return capped_by_quota({.cores = static_cast<double>(std::max<std::size_t>(1, any.size())),
-                          .why = fmt::format("affinity: the host's {} ranks may run on {} of {} CPUs",
-                                             allowed_per_rank.size(), any.size(), online)});
-}
-
 WaitChoice choose_wait_mode(ProgressMode requested, double cores, int local_ranks) {
   switch (requested) {
     case ProgressMode::kSpin: return {WaitMode::kSpin, "DLOP_PROGRESS=spin"};
@@ -148,11 +41,11 @@ WaitChoice choose_wait_mode(ProgressMode requested, double cores, int local_rank
     case ProgressMode::kAuto: break;
   }
   if (static_cast<double>(local_ranks) > cores) {
-    return {WaitMode::kYield, fmt::format("{} ranks on this host share {:g} cores: a waiting rank gives its core "
+    return {WaitMode::kYield, fmt::format("{} ranks share {:g} core{}: a waiting rank gives its core "
                                           "to the one it waits for",
-                                          local_ranks, cores)};
+                                          local_ranks, cores, cores == 1 ? "" : "s")};
   }
-  return {WaitMode::kSpin, fmt::format("{} ranks on this host, {:g} cores: a core each, so waits spin briefly",
+  return {WaitMode::kSpin, fmt::format("{} ranks, {:g} cores: a core each, so waits spin briefly",
                                        local_ranks, cores)};
 }
 

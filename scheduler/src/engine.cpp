@@ -9,13 +9,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 
 #include "chunked_task.hpp"
 #include "collectives/select_reason.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/machine_cores.hpp"
 #include "core/trace.hpp"
 #include "core/wait_policy.hpp"
 #include "signature_check.hpp"
@@ -75,23 +75,19 @@ void trace_op(const detail::OpState& op) {
                {"status", std::string(op.error ? "failed" : "done")}});
 }
 
-// The CPUs each rank on this host may run on (collective over the bootstrap).
-std::vector<std::vector<int>> local_ranks_cpus(transport::Bootstrap& bootstrap, const transport::Mesh& mesh) {
-  const std::vector<int> mine = allowed_cpus();
-  transport::Bytes bytes(mine.size() * sizeof(int));
-  if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
-  const std::vector<transport::Bytes> all = bootstrap.allgather(bytes, config().timeout);
-  std::vector<std::vector<int>> local;
-  for (int r = 0; r < mesh.size(); ++r) {
-    if (mesh.host_of(r) != mesh.host_of(mesh.rank())) continue;
-    const transport::Bytes& theirs = all.at(static_cast<std::size_t>(r));
-    if (theirs.size() % sizeof(int) != 0) {
-      throw_error(Errc::kProtocol, fmt::format("engine: rank {} sent a CPU list of {} B", r, theirs.size()));
-    }
-    std::vector<int>& cpus = local.emplace_back(theirs.size() / sizeof(int));
-    if (!cpus.empty()) std::memcpy(cpus.data(), theirs.data(), theirs.size());
+// The ranks sharing this machine's cores, and the cores they may use
+// (collective over the bootstrap).
+SharedCores machine_shared_cores(transport::Bootstrap& bootstrap) {
+  const std::string mine = RankCores::self().encode();
+  const std::vector<transport::Bytes> all =
+      bootstrap.allgather(transport::Bytes(mine.begin(), mine.end()), config().timeout);
+  std::vector<RankCores> ranks;
+  ranks.reserve(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::string text(all[r].begin(), all[r].end());
+    ranks.push_back(RankCores::decode(text, fmt::format("engine: rank {}", r)));
   }
-  return local;
+  return shared_cores(ranks, static_cast<std::size_t>(bootstrap.rank()));
 }
 
 }  // namespace
@@ -108,8 +104,8 @@ Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Schedulin
   transport::ShmSegment::remove_stale_segments();
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw_errno("eventfd");
-  const std::vector<std::vector<int>> cpus = local_ranks_cpus(bootstrap, *mesh_);
-  WaitPolicy::process().decide(static_cast<int>(cpus.size()), usable_cores(cpus));
+  const SharedCores shared = machine_shared_cores(bootstrap);
+  WaitPolicy::process().decide(shared.ranks, shared.budget);
   thread_ = std::thread([this] { thread_main(); });
 }
 

@@ -1,7 +1,7 @@
-// The wait policy (core/wait_policy.hpp): the cores a process may use, the
-// mode chosen for the ranks sharing them, the switch when spins lose their
-// core, and collectives that stay exact and bounded with twice as many ranks
-// as cores (where waits yield).
+// The wait policy (core/wait_policy.hpp): the cores a process may use and
+// the ranks that share a machine's (core/machine_cores.hpp), the mode chosen
+// for them, the switch when spins lose their core, and collectives that stay
+// exact and bounded with twice as many ranks as cores (where waits yield).
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/wait.h>
@@ -11,12 +11,16 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "common/multiprocess.hpp"
+#include "common/netns.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/machine_cores.hpp"
 #include "core/wait_policy.hpp"
 #include "scheduler/communicator.hpp"
 
@@ -69,16 +73,93 @@ TEST(WaitPolicy, CountsTheCoresOfItsAffinity) {
   });
 }
 
-TEST(WaitPolicy, CountsTheCpusAnyRankOfTheHostMayRunOn) {
-  const CoreBudget own = usable_cores({allowed_cpus()});
-  EXPECT_EQ(own.cores, usable_cores().cores);  // one rank: its own affinity
+RankCores rank_on(std::string machine, std::vector<int> cpus, std::optional<double> quota = std::nullopt,
+                  std::string cgroup = {}) {
+  return {.machine = std::move(machine), .cpus = std::move(cpus), .quota = quota, .quota_cgroup = std::move(cgroup)};
+}
+
+TEST(MachineCores, CountsTheRanksOfTheMachineOnTheCpusAnyOfThemMayRunOn) {
   // Bound to a core each, as mpirun --bind-to core leaves them: 2 cores,
-  // though each one's affinity counts 1 (capped by a cgroup quota).
-  const CoreBudget bound = usable_cores({{0}, {1}});
-  EXPECT_EQ(bound.cores, std::min(2.0, usable_cores({{0, 1}}).cores)) << bound.why;
-  EXPECT_NE(bound.why.find("2 ranks may run on 2 of"), std::string::npos) << bound.why;
-  EXPECT_LE(usable_cores({{0}, {0}}).cores, 1.0);
-  EXPECT_LE(usable_cores({{0, 1}, {0, 1}, {1, 0}}).cores, 2.0);
+  // though each one's affinity counts 1.
+  const SharedCores bound = shared_cores({rank_on("m", {0}), rank_on("m", {1})}, 0);
+  EXPECT_EQ(bound.ranks, 2);
+  EXPECT_EQ(bound.budget.cores, 2.0);
+  EXPECT_NE(bound.budget.why.find("machine's 2 ranks may run on 2 of"), std::string::npos) << bound.budget.why;
+  EXPECT_EQ(shared_cores({rank_on("m", {0}), rank_on("m", {0})}, 1).budget.cores, 1.0);
+  EXPECT_EQ(shared_cores({rank_on("m", {0, 1}), rank_on("m", {0, 1}), rank_on("m", {1, 0})}, 2).budget.cores, 2.0);
+  // Ranks of other machines do not count, whatever their CPU numbers.
+  const std::vector<RankCores> two_machines{rank_on("a", {0, 1}), rank_on("a", {0, 1}), rank_on("b", {0, 1, 2, 3}),
+                                            rank_on("b", {0, 1, 2, 3}), rank_on("b", {0, 1, 2, 3})};
+  EXPECT_EQ(shared_cores(two_machines, 1).ranks, 2);
+  EXPECT_EQ(shared_cores(two_machines, 1).budget.cores, 2.0);
+  EXPECT_EQ(shared_cores(two_machines, 4).ranks, 3);
+  EXPECT_EQ(shared_cores(two_machines, 4).budget.cores, 4.0);
+}
+
+TEST(MachineCores, AddsTheQuotasOfSeparateCgroupsAndSharesOne) {
+  // Two containers on a 2-CPU machine with 1 core each: a core per rank.
+  const SharedCores containers = shared_cores({rank_on("m", {0, 1}, 1.0, "c1"), rank_on("m", {0, 1}, 1.0, "c2")}, 0);
+  EXPECT_EQ(containers.ranks, 2);
+  EXPECT_EQ(containers.budget.cores, 2.0) << containers.budget.why;
+  // Half a core each: 1 core for the 2.
+  const SharedCores halves = shared_cores({rank_on("m", {0, 1}, 0.5, "c1"), rank_on("m", {0, 1}, 0.5, "c2")}, 1);
+  EXPECT_EQ(halves.budget.cores, 1.0);
+  EXPECT_NE(halves.budget.why.find("quotas of their 2 cgroups: 1.00 cores"), std::string::npos) << halves.budget.why;
+  // One quota shared by 3 ranks (a container holding a whole host's job).
+  const SharedCores one = shared_cores({rank_on("m", {0, 1, 2, 3}, 1.5, "c"), rank_on("m", {0, 1, 2, 3}, 1.5, "c"),
+                                        rank_on("m", {0, 1, 2, 3}, 1.5, "c")},
+                                       2);
+  EXPECT_EQ(one.ranks, 3);
+  EXPECT_EQ(one.budget.cores, 1.5);
+  EXPECT_EQ(choose_wait_mode(ProgressMode::kAuto, one.budget.cores, one.ranks).mode, WaitMode::kYield);
+  // A rank with no quota may use every CPU: the machine's CPUs bound the
+  // machine's ranks, and the rank with a quota stays within its own.
+  const std::vector<RankCores> mixed{rank_on("m", {0, 1, 2}, 0.5, "c"), rank_on("m", {0, 1, 2})};
+  EXPECT_EQ(shared_cores(mixed, 1).budget.cores, 3.0);
+  EXPECT_EQ(shared_cores(mixed, 0).ranks, 1);
+  EXPECT_EQ(shared_cores(mixed, 0).budget.cores, 0.5);
+}
+
+TEST(MachineCores, ACrowdedQuotaBindsItsRanksThoughTheMachineHasCoresToSpare) {
+  // 16 CPUs; 2 ranks share 1 core's quota, a third has 8 of its own.
+  std::vector<int> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<RankCores> ranks{rank_on("m", all, 1.0, "small"), rank_on("m", all, 1.0, "small"),
+                                     rank_on("m", all, 8.0, "large")};
+  const SharedCores crowded = shared_cores(ranks, 0);
+  EXPECT_EQ(crowded.ranks, 2);
+  EXPECT_EQ(crowded.budget.cores, 1.0);
+  EXPECT_NE(crowded.budget.why.find("2 ranks share this process's quota of 1.00 cores"), std::string::npos)
+      << crowded.budget.why;
+  const SharedCores roomy = shared_cores(ranks, 2);
+  EXPECT_EQ(roomy.ranks, 3);
+  EXPECT_EQ(roomy.budget.cores, 9.0) << roomy.budget.why;
+}
+
+TEST(MachineCores, ADescriptionRoundTripsAndAMalformedOneIsAProtocolError) {
+  const RankCores self = RankCores::self();
+  EXPECT_FALSE(self.machine.empty());
+  EXPECT_EQ(self.cpus, allowed_cpus());
+  for (const RankCores& r : {self, rank_on("m", {}, 0.25, "7:42"), rank_on("boot", {3, 5})}) {
+    const RankCores back = RankCores::decode(r.encode(), "rank 1");
+    EXPECT_EQ(back.machine, r.machine);
+    EXPECT_EQ(back.cpus, r.cpus);
+    EXPECT_EQ(back.quota, r.quota);
+    EXPECT_EQ(back.quota_cgroup, r.quota_cgroup);
+  }
+  for (const std::string& bad : {std::string(), std::string("[1,2]"), std::string("{\"machine\":\"m\"}"),
+                                std::string("{\"machine\":\"m\",\"cpus\":[-1],\"quota\":null,\"quota_cgroup\":\"\"}"),
+                                std::string("{\"machine\":\"m\",\"cpus\":[0],\"quota\":0,\"quota_cgroup\":\"\"}"),
+                                rank_on("m", {0}).encode().substr(0, 20)}) {
+    try {
+      RankCores::decode(bad, "engine: rank 3");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kProtocol) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 3 sent a malformed description of its cores"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // Two ranks pinned before their engines start: to different CPUs they spin,
@@ -99,6 +180,33 @@ TEST(WaitPolicy, RanksPinnedToACoreEachSpinAndRanksSharingOneYield) {
       float x = 1;
       comm->allreduce(&x, &x, 1, coll::DataType::kFloat32, coll::ReduceOp::kSum).wait();
       EXPECT_EQ(x, 2.0f);
+    });
+  }
+}
+
+// The same, with each rank in a network namespace of its own: two hosts to
+// the transport, one machine's cores to the wait policy.
+TEST(WaitPolicy, RanksOfNamespaceHostsCountAsRanksOfTheirMachine) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (ip netns)";
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2 || usable_cores().cores < 2) GTEST_SKIP() << "needs 2 CPUs: " << usable_cores().why;
+  if (config().progress != ProgressMode::kAuto) GTEST_SKIP() << "DLOP_PROGRESS names a mode";
+  test::NetnsHosts hosts(2);
+  if (!hosts.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << hosts.failed();
+  for (const bool shared : {false, true}) {
+    test::run_ranks(2, [&](transport::Bootstrap& b) {
+      const std::string error = test::enter_netns(hosts.name(b.rank()));
+      ASSERT_TRUE(error.empty()) << error;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[shared ? 0 : static_cast<std::size_t>(b.rank())], &one);
+      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+      auto comm = Communicator::create(b);
+      EXPECT_EQ(WaitPolicy::process().mode(), shared ? WaitMode::kYield : WaitMode::kSpin)
+          << (shared ? "both on one CPU" : "a CPU each");
+      std::vector<float> x(1001, static_cast<float>(b.rank() + 1));
+      comm->allreduce(x.data(), x.data(), x.size(), coll::DataType::kFloat32, coll::ReduceOp::kSum).wait();
+      EXPECT_EQ(x, std::vector<float>(1001, 3.0f));
     });
   }
 }

@@ -9,10 +9,10 @@
 //
 // Each mode bounds its polling phase and then blocks, so that a long wait
 // (a straggler, an idle peer) costs no CPU. The process's mode is chosen when
-// its engine starts, from the cores this process may run on and the ranks
-// sharing this host, and changed at run time when spinning waits keep losing
-// their core (the host is busier than the count said: torch's intra-op
-// threads, other jobs). DLOP_PROGRESS=spin|yield|sleep overrides both.
+// its engine starts, from the ranks sharing this machine's cores and the
+// cores they may use (core/machine_cores.hpp), and changed at run time when
+// spinning waits keep losing their core (the machine is busier than the count
+// said: torch's intra-op threads, other jobs). DLOP_PROGRESS=spin|yield|sleep overrides both.
 #pragma once
 
 #include <atomic>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/machine_cores.hpp"
 
 namespace dlop {
 
@@ -42,23 +43,6 @@ inline void cpu_relax() {
 
 std::string_view wait_mode_name(WaitMode mode);
 
-// The cores this process may use: its CPU affinity, capped by a cgroup CPU
-// quota. `why` says where the number came from, for the log.
-struct CoreBudget {
-  double cores = 1;
-  std::string why;
-};
-CoreBudget usable_cores();
-// The CPU numbers this process may run on (its affinity).
-std::vector<int> allowed_cpus();
-// The cores that ranks of one host, allowed these CPUs each (allowed_cpus),
-// may use together: every CPU one of them may run on, capped by this
-// process's cgroup quota. Ranks bound to a core each (mpirun --bind-to core)
-// have a core each though each one's affinity counts one.
-CoreBudget usable_cores(const std::vector<std::vector<int>>& allowed_per_rank);
-// A cgroup v2 cpu.max ("QUOTA PERIOD" or "max PERIOD") as cores; nullopt: no quota.
-std::optional<double> parse_cgroup_cpu_max(std::string_view text);
-
 // The mode for `local_ranks` processes of one job sharing `cores` cores.
 struct WaitChoice {
   WaitMode mode = WaitMode::kSpin;
@@ -72,8 +56,8 @@ class WaitPolicy {
   static WaitPolicy& process();
 
   WaitMode mode() const { return mode_.load(std::memory_order_relaxed); }
-  // From an engine that starts with `local_ranks` ranks on this host (itself
-  // included) that may use `cores` together; logs the choice at info when it
+  // From an engine that starts with `local_ranks` ranks (itself included)
+  // that may use `cores` together (shared_cores); logs the choice at info when it
   // changes the mode.
   void decide(int local_ranks, const CoreBudget& cores);
   // A wait that spun for `wall` and was on a core for `on_cpu` of it. Spins

@@ -42,13 +42,14 @@ NET_CPU = {"dlop": 2.5, "gloo": 1.4}  # ns per byte, on either link
 COMPUTE, SHARE, GRADIENT = 0.2, 0.6, 16 * MIB  # compute: single-threaded, so CPU time = wall time
 OVERHEAD = {"dlop": 0.004, "gloo": 0.012}
 BACKEND_CPU = {"dlop": 0.02, "gloo": 0.035}
+CROWDING = {"dlop": 1.6, "gloo": 1.3}  # CPU per byte with 2 ranks per core, over a core each
 LAYOUTS = ((2, 1), (2, 2), (3, 1))
 BACKGROUND = 0.25  # cores other processes keep busy
 
 
 def truth(backend: str, net: sm.Link) -> sm.Terms:
     return sm.Terms(COMPUTE, COMPUTE, SHARE, OVERHEAD[backend], BACKEND_CPU[backend], GRADIENT, INTRA[backend],
-                    replace(net, cpu_ns_per_byte=NET_CPU[backend]))
+                    replace(net, cpu_ns_per_byte=NET_CPU[backend]), sm.Crowding(CROWDING[backend], 2.0))
 
 
 def layout(hosts: int, per_host: int) -> sm.Layout:
@@ -84,7 +85,9 @@ def synthetic(scale: float = 1.0) -> dict:
                                        for b in lr.BACKENDS},
                    "split": {"m": {"backward_share": SHARE}}, "ddp": {"m": cal.ddp_terms(one, two, "m")},
                    "net": {rate: dict(cal.p2p_link(p2p_rows(link)), cpu_ns_per_byte=cal.cpu_per_byte(cpu_rows(NET_CPU)))
-                           for rate, link in NET.items()}}
+                           for rate, link in NET.items()},
+                   "crowded": {"ranks": 2 * CORES, "cores": CORES,
+                               "cpu_ns_per_byte": {b: INTRA[b].cpu_ns_per_byte * CROWDING[b] for b in lr.BACKENDS}}}
     allreduce, ddp = [], []
     for rate, net in NET.items():
         for hosts, per_host in LAYOUTS:
@@ -95,7 +98,8 @@ def synthetic(scale: float = 1.0) -> dict:
                 # The report predicts an all-reduce with the cores shared by its ranks alone.
                 alone = sm.Layout(hosts, per_host, CORES / (hosts * per_host))
                 for nbytes in (MIB, 16 * MIB):
-                    t = sm.allreduce_seconds(algorithm, nbytes, alone, INTRA[backend], truth(backend, net).net)
+                    terms = truth(backend, net)
+                    t = sm.allreduce_seconds(algorithm, nbytes, alone, INTRA[backend], terms.net, terms.crowding)
                     allreduce.append(dict(where, column=column, bytes=nbytes, time_us=t * 1e6))
             for backend in lr.BACKENDS:
                 algorithm = lr.dlop_algorithm(hosts, per_host) if backend == "dlop" else "ring"
@@ -135,6 +139,7 @@ def test_calibration_recovers_the_terms_and_checks_agree_exactly():
         assert terms[("intra_cpu_ns", backend)] == pytest.approx(link.cpu_ns_per_byte)
         assert terms[("overhead_s", f"m, {backend}")] == pytest.approx(OVERHEAD[backend])
         assert terms[("backend_cpu_s", f"m, {backend}")] == pytest.approx(BACKEND_CPU[backend])
+        assert terms[("crowding", f"{backend}, 4 ranks on 2 cores")] == pytest.approx(CROWDING[backend])
     for rate, link in NET.items():
         assert terms[("net_gbps", rate)] == pytest.approx(link.gbps)
         assert terms[("net_latency_us", rate)] == pytest.approx(link.latency_us)
@@ -189,6 +194,24 @@ def test_scaling_model_formulas():
     assert sm.linearity(t, "ring", slow_alone, BUCKET) == pytest.approx(0.15 / (0.1 + exposed))
     with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
         sm.allreduce_seconds("tree", b, layout, intra, net)
+
+
+def test_crowding_scales_the_backends_cpu_with_ranks_per_core():
+    crowded = sm.Crowding(1.6, 2.0)  # measured: 2 ranks per core cost 1.6x the CPU per byte of a core each
+    assert [crowded.scale(c) for c in (4.0, 1.0, 2 / 3, 0.5, 0.25)] == pytest.approx([1, 1, 1.3, 1.6, 2.8])
+    assert sm.NO_CROWDING.scale(0.1) == 1
+    assert sm.Crowding(0.8, 2.0).scale(0.1) == 1  # crowding never makes a byte cheaper
+    intra, tcp, b = sm.Link(400, 1, 0.5), sm.Link(10, 5, 20.0), 100e6
+    two_hosts = sm.Layout(2, 1, 0.5)
+    assert sm.allreduce_seconds("ring", b, two_hosts, intra, tcp, crowded) \
+        == pytest.approx(1.6 * sm.allreduce_seconds("ring", b, two_hosts, intra, tcp))
+    # In a step the backend's CPU (backend_cpu and the network's) scales; the model's own compute does not.
+    t = sm.Terms(0.1, 0.1, 0.5, 0.0, 0.02, 2 * MIB, intra, tcp)
+    last = sm.ring_allreduce(MIB, 2, tcp)
+    assert sm.step_seconds(replace(t, crowding=crowded), "ring", two_hosts, BUCKET) \
+        == pytest.approx((0.1 + 1.6 * (0.02 + 2 * MIB * 19.5e-9)) / 0.5 + last)
+    assert sm.step_seconds(replace(t, crowding=crowded), "ring", sm.Layout(2, 1, 1.0), BUCKET) \
+        == pytest.approx(sm.step_seconds(t, "ring", sm.Layout(2, 1, 1.0), BUCKET))
 
 
 def test_the_cpu_a_link_costs_bounds_all_reduce_and_step():
@@ -339,6 +362,8 @@ def test_multihost_report_on_namespace_hosts(tmp_path):
     terms = {(t["term"], t["scope"]): t["median"] for t in data["calibration"]}
     assert 0.5 < terms[("net_gbps", "1gbit")] <= 1.0  # what TCP carries over a 1 Gbit/s tbf
     assert terms[("intra_gbps", "dlop")] > 4 * terms[("net_gbps", "1gbit")]  # shared memory beats the link
+    cores = data["header"]["cores"]
+    assert all(terms[("crowding", f"{b}, {cal.crowded_ranks(cores)} ranks on {cores} cores")] > 0 for b in lr.BACKENDS)
     for a in data["checks"]["allreduce"]:
         assert a["measured_ms"] >= MIB * 8 / 1e9 * 1e3  # 2 ranks: each sends 1 MiB across the 1 Gbit/s link
     ddp = [(c["backend"], c["rate"], c["hosts"], c["per_host"]) for c in data["checks"]["ddp"] if not c["in_sample"]]

@@ -133,13 +133,14 @@ def measure(args) -> dict:
         two = _once_more(cal.ddp_local, ddp_args(args), 2, raw, str(run))
         through_torch = _once_more(cal.intra_c10d, raw, str(run), free_port())
         cpu = through_torch["cpu_ns_per_byte"]
+        crowded = _once_more(cal.crowded_c10d, raw, str(run), free_port(), _common.cpu_count(), args.repetitions)
         found["calibration"].append({
             "run": run,
             "intra": {"dlop": dict(_once_more(cal.intra_dlop, raw, str(run)), cpu_ns_per_byte=cpu["dlop"]),
                       "gloo": dict(through_torch["gloo"], cpu_ns_per_byte=cpu["gloo"])},
             # Forked too: this process must not start torch's thread pool (forked.py says why).
             "split": {m: forked.call(cal.split, m, args.batch, args.threads, args.steps + 2) for m in args.models},
-            "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}})
+            "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}, "crowded": crowded})
         for rate in args.rates:
             shaped = None if rate == "none" else rate
             with netns.Hosts(max(h for h, _ in args.layouts), shaped) as hosts:

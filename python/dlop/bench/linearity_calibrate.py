@@ -6,6 +6,8 @@ caller repeats them (the spread of the repeats is the prediction's band):
 - ``intra_dlop``: ``dlop-bench allreduce --local 2`` on this host (shm/cma);
 - ``intra_c10d``: a 2-rank all-reduce through torch on this host: Gloo's
   link, and both backends' CPU per byte;
+- ``crowded_c10d``: a ring all-reduce through torch on this host with more
+  ranks than cores: both backends' CPU per byte there (crowding);
 - ``network``: ``dlop-bench p2p`` between two namespace hosts;
 - ``network_cpu``: a 2-rank all-reduce through torch between two namespace
   hosts: both backends' CPU per byte there;
@@ -120,18 +122,41 @@ def cpu_per_byte(rows: list[dict], nbytes: int = CPU_BYTES) -> dict[str, float]:
     return {r["impl"]: r["cpu_us"] * 1e3 / r["bytes"] for r in rows if r["bytes"] == nbytes}
 
 
+def _local_c10d(name: str, out: Path, port: int, ranks: int, args_of, env: dict) -> list[dict]:
+    """dlop.bench.c10d's rows of `ranks` ranks on this host, forked from this process."""
+    path, log = out / f"{name}.json", out / f"{name}.txt"
+    with open(log, "w") as f:
+        procs = [forked.start("dlop.bench.c10d", args_of(path if r == 0 else None),
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env),
+                              stdout=f) for r in range(ranks)]
+        _wait_all(procs, f"{ranks}-rank all-reduce through torch", log)
+    return _common.read_rows(str(path))[1]
+
+
 def intra_c10d(out: Path, tag: str, port: int) -> dict:
     """Gloo's intra-host link (fitted on its all-reduce times) and both backends' CPU per byte on this host."""
-    path, log = out / f"intra_c10d_{tag}.json", out / f"intra_c10d_{tag}.txt"
-    with open(log, "w") as f:
-        procs = [forked.start("dlop.bench.c10d", c10d_args("dlop,gloo", INTRA_SIZES, 3, path if r == 0 else None,
-                                                             iters=INTRA_GLOO_ITERS),
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"),
-                              stdout=f) for r in range(2)]
-        _wait_all(procs, "2-rank all-reduce through torch", log)
-    _, rows = _common.read_rows(str(path))
+    rows = _local_c10d(f"intra_c10d_{tag}", out, port, 2,
+                       lambda path: c10d_args("dlop,gloo", INTRA_SIZES, 3, path, iters=INTRA_GLOO_ITERS), {})
     return {"gloo": link_of([r for r in rows if r["impl"] == "gloo"], 2), "cpu_ns_per_byte": cpu_per_byte(rows)}
+
+
+def crowded_ranks(cores: int) -> int:
+    """The ranks of the crowded all-reduce: two per core, at most 16 (enough to tell the slope)."""
+    return min(2 * cores, 16)
+
+
+def crowded_c10d(out: Path, tag: str, port: int, cores: int, repetitions: int) -> dict:
+    """Both backends' CPU per byte each rank sends in a ring all-reduce on this host with crowded_ranks(cores)
+    ranks: {"ranks", "cores", "cpu_ns_per_byte": {impl: ns}}. Ring for both, so that a rank sends 2(N-1)/N of the
+    buffer as in the 2-rank run, whose per-byte CPU it is compared with."""
+    ranks = crowded_ranks(cores)
+    rows = _local_c10d(f"crowded_c10d_{tag}", out, port, ranks,
+                       lambda path: c10d_args("dlop,gloo", str(CPU_BYTES), repetitions, path),
+                       {"DLOP_ALGO": "allreduce:ring"})
+    sent = 2 * (ranks - 1) / ranks
+    return {"ranks": ranks, "cores": cores,
+            "cpu_ns_per_byte": {impl: ns / sent for impl, ns in cpu_per_byte(rows).items()}}
 
 
 def launch_ranks(hosts, n_hosts: int, per_host: int, module: str, args_of, env_extra: dict, log: Path, what: str,

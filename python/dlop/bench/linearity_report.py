@@ -60,6 +60,8 @@ SOURCES = {
     "backward_share": ("backward's share of compute (overlap window)", "model alone, backward timed apart"),
     "overhead_s": ("DDP overhead per step (s)", "dlop.bench.ddp, 1 rank, DDP less the model alone"),
     "backend_cpu_s": ("backend CPU per rank and step (s)", "dlop.bench.ddp, 2 ranks, CPU beyond the model alone's"),
+    "crowding": ("CPU per byte sent with more ranks than cores, over a core each",
+                 "ring all-reduce of all those ranks on this host, 4 MiB, CPU per call, over the 2-rank one's"),
 }
 
 
@@ -82,7 +84,22 @@ def term_runs(calibration: list[dict], model: str, backend: str, rate: str | Non
         runs["backward_share"].append(c["split"][model]["backward_share"])
         runs["overhead_s"].append(ddp["overhead_s"][backend])
         runs["backend_cpu_s"].append(ddp["backend_cpu_s"][backend])
+        if "crowded" in c:  # reports before the crowding term lack it (1: not modelled)
+            runs["crowding"].append(crowding_of(c, backend))
+            runs.setdefault("crowded_ranks_per_core", []).append(c["crowded"]["ranks"] / c["crowded"]["cores"])
     return {k: v for k, v in runs.items() if v}
+
+
+def crowding_of(calibration_run: dict, backend: str) -> float:
+    """The backend's CPU per byte sent with more ranks than cores, over its CPU per byte with 2 ranks."""
+    return (calibration_run["crowded"]["cpu_ns_per_byte"][backend]
+            / calibration_run["intra"][backend]["cpu_ns_per_byte"])
+
+
+def crowding(values: dict[str, float]) -> sm.Crowding:
+    if "crowding" not in values:
+        return sm.NO_CROWDING
+    return sm.Crowding(values["crowding"], values["crowded_ranks_per_core"])
 
 
 def links(values: dict[str, float], net: sm.Link | None = None) -> tuple[sm.Link, sm.Link]:
@@ -97,7 +114,7 @@ def links(values: dict[str, float], net: sm.Link | None = None) -> tuple[sm.Link
 def make_terms(values: dict[str, float], gradient_bytes: float, net: sm.Link | None = None) -> sm.Terms:
     intra, net = links(values, net)
     return sm.Terms(values["compute_s"], values["compute_cpu_s"], values["backward_share"], values["overhead_s"],
-                    values["backend_cpu_s"], gradient_bytes, intra, net)
+                    values["backend_cpu_s"], gradient_bytes, intra, net, crowding(values))
 
 
 def with_band(runs: dict[str, list[float]], evaluate) -> tuple[float, float, float]:
@@ -136,6 +153,11 @@ def calibration_table(m: dict) -> list[dict]:
         add("net_latency_us", rate, [c["net"][rate]["latency_us"] for c in cal])
         for backend in BACKENDS if "cpu_ns_per_byte" in cal[0]["net"][rate] else ():
             add("net_cpu_ns", f"{rate}, {backend}", [c["net"][rate]["cpu_ns_per_byte"][backend] for c in cal])
+    if "crowded" in cal[0]:
+        crowded = cal[0]["crowded"]
+        for backend in BACKENDS:
+            add("crowding", f"{backend}, {crowded['ranks']} ranks on {crowded['cores']} cores",
+                [crowding_of(c, backend) for c in cal])
     for model in models:
         add("compute_s", model, [c["ddp"][model]["compute_s"] for c in cal])
         add("compute_cpu_s", model, [c["ddp"][model]["compute_cpu_s"] for c in cal])
@@ -156,12 +178,12 @@ def allreduce_checks(m: dict, cores: int) -> list[dict]:
     for (rate, hosts, per_host, column, nbytes), times in sorted(groups.items()):
         backend = "gloo" if column == "gloo" else "dlop"
         runs = {k: v for k, v in term_runs(m["calibration"], _any_model(m), backend, rate).items()
-                if k.startswith(("intra", "net"))}
+                if k.startswith(("intra", "net", "crowd"))}
         layout = sm.Layout(hosts, per_host, cores / (hosts * per_host))
         algorithm = "ring" if column == "gloo" else column
 
         def seconds(v, nbytes=nbytes, layout=layout, algorithm=algorithm):
-            return sm.allreduce_seconds(algorithm, nbytes, layout, *links(v))
+            return sm.allreduce_seconds(algorithm, nbytes, layout, *links(v), crowding(v))
 
         predicted, low, high = with_band(runs, seconds)
         measured = _common.median(times) * 1e-6

@@ -38,8 +38,9 @@ def _calibration(report: dict) -> list[str]:
             "Medians over the runs, and the spread (smallest - largest run) that the bands below move each term "
             "through. The intra-host link is the backend's own 2-rank all-reduce on this host (dlop: `dlop-bench "
             "allreduce --local 2`, shm/cma; Gloo: through torch). CPU contention is a term of its own: a rank is "
-            "busy for max(compute + DDP overhead, (compute CPU + backend CPU + network CPU) / cores per rank), and the "
-            "last bucket's time on the links follows.", ""] + \
+            "busy for max(compute + DDP overhead, (compute CPU + crowding x (backend CPU + network CPU)) / cores per "
+            "rank), and the last bucket's time on the links follows. Crowding is 1 with a core per rank and grows "
+            "linearly in ranks per core through the measured point (a measured ratio below 1 counts as 1).", ""] + \
         _table(["term", "of", "median", "spread", "measured by"], rows, 2) + [""]
 
 

@@ -3,7 +3,7 @@
 A DDP step of N = H x p ranks takes a compute phase, DDP's own overhead, and
 what of the gradient's all-reduce does not hide behind backward:
 
-    busy      = max(compute + overhead, (compute_cpu + backend_cpu + network_cpu) / cores_per_rank)
+    busy      = max(compute + overhead, (compute_cpu + crowding x (backend_cpu + network_cpu)) / cores_per_rank)
     step      = busy + max(links(G) - backward_share x busy, links(last bucket))
     linearity = max(compute, compute_cpu / alone_cores) / step
 
@@ -35,11 +35,18 @@ Terms and where they come from (dlop/bench/linearity_calibrate.py):
 - backend_cpu: the CPU each rank's process spends per step beyond the model
   alone's, from the 2-rank DDP run on one host. CPU contention is a term of its
   own (cores_per_rank), never folded into a link: on a machine with spare
-  cores busy = compute, on an oversubscribed one the ranks' CPU is shared.
+  cores busy = compute, on an oversubscribed one the ranks' CPU is shared;
+- crowding: where ranks outnumber cores, each byte a backend moves costs more
+  CPU than with a core per rank (waits that yield, switches between ranks,
+  caches shared). A ring all-reduce on this host with more ranks than cores
+  measures its CPU per byte sent against the 2-rank one's; the backend's CPU
+  (its links' CPU per byte, backend_cpu and network_cpu) scales linearly in
+  ranks per core from 1 at one core per rank through that point (a ratio
+  below 1 counts as 1). The model's own compute is not scaled.
 
 All-reduce of B bytes on the links (alpha = a link's latency, beta = 1 / its
 bandwidth); alone, an all-reduce is also never faster than the CPU its
-bytes take on the rank's cores (each link's CPU per byte):
+bytes take on the rank's cores (each link's CPU per byte, x crowding):
 
 - flat ring, ranks placed on hosts in rank order (torchrun's placement, so
   one ring edge leaves each host): 2(N-1) steps of B/N bytes, every step as
@@ -77,6 +84,26 @@ class Link:
 def slowest(a: Link, b: Link) -> Link:
     """The edge a lockstep ring waits for when its edges are a and b."""
     return Link(min(a.gbps, b.gbps), max(a.latency_us, b.latency_us), max(a.cpu_ns_per_byte, b.cpu_ns_per_byte))
+
+
+@dataclass(frozen=True)
+class Crowding:
+    """A backend's CPU per byte with `ranks_per_core` ranks per core, over its CPU per byte with a core each."""
+
+    factor: float = 1.0
+    ranks_per_core: float = 2.0
+
+    def scale(self, cores_per_rank: float) -> float:
+        """The backend's CPU multiplier where each rank has `cores_per_rank` cores. A factor below 1 counts as 1:
+        sharing a core does not make a byte cheaper, so the 2-rank run's CPU held waiting that the crowded run
+        did not pay, and that waiting is no part of a byte's cost to scale."""
+        crowded = 1 / cores_per_rank
+        if crowded <= 1 or self.ranks_per_core <= 1 or self.factor <= 1:
+            return 1.0
+        return 1 + (self.factor - 1) * (crowded - 1) / (self.ranks_per_core - 1)
+
+
+NO_CROWDING = Crowding()
 
 
 @dataclass(frozen=True)
@@ -129,10 +156,12 @@ def intra_bytes(algorithm: str, nbytes: float, layout: Layout) -> float:
     return 2 * (ranks - 1) / ranks * nbytes - network_bytes(algorithm, nbytes, layout)
 
 
-def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link) -> float:
+def allreduce_seconds(algorithm: str, nbytes: float, layout: Layout, intra: Link, net: Link,
+                      crowding: Crowding = NO_CROWDING) -> float:
     """An all-reduce on its own: its time on the links, or the CPU its bytes take, whichever is longer."""
     cpu = (network_bytes(algorithm, nbytes, layout) * net.cpu_ns_per_byte
            + intra_bytes(algorithm, nbytes, layout) * intra.cpu_ns_per_byte) * 1e-9
+    cpu *= crowding.scale(layout.cores_per_rank)
     return max(allreduce_on_links(algorithm, nbytes, layout, intra, net), cpu / layout.cores_per_rank)
 
 
@@ -171,6 +200,7 @@ class Terms:
     gradient_bytes: float
     intra: Link
     net: Link
+    crowding: Crowding = NO_CROWDING
 
     def moved(self, **changes) -> Terms:
         return replace(self, **changes)
@@ -182,7 +212,8 @@ def step_seconds(t: Terms, algorithm: str, layout: Layout, bucket_bytes: float) 
     # backend_cpu_s was measured on one host: what the network costs beyond the same bytes over the intra-host link.
     network_cpu = (sum(network_bytes(algorithm, b, layout) for b in sizes)
                    * max(0.0, t.net.cpu_ns_per_byte - t.intra.cpu_ns_per_byte) * 1e-9)
-    busy = max(t.compute_s + t.overhead_s, (t.compute_cpu_s + t.backend_cpu_s + network_cpu) / layout.cores_per_rank)
+    backend_cpu = (t.backend_cpu_s + network_cpu) * t.crowding.scale(layout.cores_per_rank)
+    busy = max(t.compute_s + t.overhead_s, (t.compute_cpu_s + backend_cpu) / layout.cores_per_rank)
     times = [allreduce_on_links(algorithm, b, layout, t.intra, t.net) for b in sizes]
     return busy + max(sum(times) - t.backward_share * busy, times[-1])
 

@@ -95,8 +95,8 @@ class Crowding:
 
     def scale(self, cores_per_rank: float) -> float:
         """The backend's CPU multiplier where each rank has `cores_per_rank` cores. A factor below 1 counts as 1:
-        sharing a core does not make a byte cheaper, so the 2-rank run's CPU held waiting that the crowded run
-        did not pay, and that waiting is no part of a byte's cost to scale."""
+        sharing a core does not make a byte cheaper. Such a factor says the 2-rank run's CPU held waiting that the
+        crowded run did not pay, and waiting is no part of a byte's cost."""
         crowded = 1 / cores_per_rank
         if crowded <= 1 or self.ranks_per_core <= 1 or self.factor <= 1:
             return 1.0

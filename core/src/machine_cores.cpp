@@ -2,7 +2,6 @@
 
 #include <sched.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -16,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/process.hpp"
 
 namespace dlop {
 namespace {
@@ -81,14 +81,6 @@ std::optional<CgroupQuota> cgroup_quota() {
 
 unsigned online_cpus() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-std::string machine_identity() {
-  std::string boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
-  if (!boot_id.empty()) return boot_id;
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
 }  // namespace
 
 std::optional<double> parse_cgroup_cpu_max(std::string_view text) {
@@ -113,17 +105,6 @@ std::vector<int> allowed_cpus() {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   }
   return cpus;
-}
-
-CoreBudget usable_cores() {
-  const auto allowed = allowed_cpus().size();
-  CoreBudget budget{.cores = static_cast<double>(std::max<std::size_t>(1, allowed)),
-                    .why = fmt::format("affinity: {} of {} CPUs", allowed, online_cpus())};
-  if (const auto quota = cgroup_quota(); quota && quota->cores < budget.cores) {
-    budget.cores = std::max(quota->cores, 0.01);
-    budget.why += fmt::format(", cgroup quota {:.2f} cores ({})", quota->cores, quota->file.string());
-  }
-  return budget;
 }
 
 RankCores RankCores::self() {

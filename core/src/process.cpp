@@ -48,18 +48,35 @@ bool ProcessId::alive() const {
   return start == start_time && state != 'Z' && state != 'X';
 }
 
-std::string host_identity() {
-  if (!config().host_id.empty()) return config().host_id;
+namespace {
+
+std::string hostname() {
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+std::string boot_id() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  std::getline(boot, boot_id);
+  std::string id;
+  std::getline(boot, id);
+  return id;
+}
+
+}  // namespace
+
+std::string machine_identity() {
+  std::string id = boot_id();
+  return id.empty() ? hostname() : id;
+}
+
+std::string host_identity() {
+  if (!config().host_id.empty()) return config().host_id;
   // "net:[4026531840]": processes in other network namespaces of this kernel
   // reach us only through the network, so they are other hosts.
   char net[64] = {};
   const ssize_t n = ::readlink("/proc/self/ns/net", net, sizeof(net) - 1);
-  return std::string(name) + "/" + boot_id + "/" + (n > 0 ? std::string(net, static_cast<std::size_t>(n)) : "net:?");
+  return hostname() + "/" + boot_id() + "/" + (n > 0 ? std::string(net, static_cast<std::size_t>(n)) : "net:?");
 }
 
 }  // namespace dlop

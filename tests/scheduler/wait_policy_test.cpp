@@ -58,8 +58,11 @@ TEST(WaitPolicy, ReadsACgroupQuota) {
   EXPECT_FALSE(parse_cgroup_cpu_max("100000").has_value());
 }
 
+// The cores this process may use alone: its affinity, capped by its cgroup quota.
+CoreBudget own_cores() { return shared_cores({RankCores::self()}, 0).budget; }
+
 TEST(WaitPolicy, CountsTheCoresOfItsAffinity) {
-  const CoreBudget all = usable_cores();
+  const CoreBudget all = own_cores();
   EXPECT_GE(all.cores, 0.01);
   EXPECT_LE(all.cores, std::thread::hardware_concurrency());
   EXPECT_NE(all.why.find("affinity"), std::string::npos) << all.why;
@@ -68,8 +71,8 @@ TEST(WaitPolicy, CountsTheCoresOfItsAffinity) {
     CPU_ZERO(&one);
     CPU_SET(static_cast<int>(::sched_getcpu()), &one);
     if (::sched_setaffinity(0, sizeof(one), &one) != 0) return false;
-    const CoreBudget b = usable_cores();
-    return b.cores <= 1.0 && b.why.find("affinity: 1 of") != std::string::npos;
+    const CoreBudget b = own_cores();
+    return b.cores <= 1.0 && b.why.find("may run on 1 of") != std::string::npos;
   });
 }
 
@@ -162,40 +165,15 @@ TEST(MachineCores, ADescriptionRoundTripsAndAMalformedOneIsAProtocolError) {
   }
 }
 
-// Two ranks pinned before their engines start: to different CPUs they spin,
-// to the same one they yield.
-TEST(WaitPolicy, RanksPinnedToACoreEachSpinAndRanksSharingOneYield) {
+// Two ranks pinned before their engines start, each after `place(rank)`
+// (which returns what failed, or nothing): to different CPUs they spin, to
+// the same one they yield, and their all-reduce is exact either way.
+template <typename Place>
+void pinned_ranks_spin_apart_and_yield_together(Place&& place) {
   const std::vector<int> cpus = allowed_cpus();
-  if (cpus.size() < 2 || usable_cores().cores < 2) GTEST_SKIP() << "needs 2 CPUs: " << usable_cores().why;
-  if (config().progress != ProgressMode::kAuto) GTEST_SKIP() << "DLOP_PROGRESS names a mode";
   for (const bool shared : {false, true}) {
     test::run_ranks(2, [&](transport::Bootstrap& b) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[shared ? 0 : static_cast<std::size_t>(b.rank())], &one);
-      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
-      auto comm = Communicator::create(b);
-      EXPECT_EQ(WaitPolicy::process().mode(), shared ? WaitMode::kYield : WaitMode::kSpin)
-          << (shared ? "both on one CPU" : "a CPU each");
-      float x = 1;
-      comm->allreduce(&x, &x, 1, coll::DataType::kFloat32, coll::ReduceOp::kSum).wait();
-      EXPECT_EQ(x, 2.0f);
-    });
-  }
-}
-
-// The same, with each rank in a network namespace of its own: two hosts to
-// the transport, one machine's cores to the wait policy.
-TEST(WaitPolicy, RanksOfNamespaceHostsCountAsRanksOfTheirMachine) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (ip netns)";
-  const std::vector<int> cpus = allowed_cpus();
-  if (cpus.size() < 2 || usable_cores().cores < 2) GTEST_SKIP() << "needs 2 CPUs: " << usable_cores().why;
-  if (config().progress != ProgressMode::kAuto) GTEST_SKIP() << "DLOP_PROGRESS names a mode";
-  test::NetnsHosts hosts(2);
-  if (!hosts.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << hosts.failed();
-  for (const bool shared : {false, true}) {
-    test::run_ranks(2, [&](transport::Bootstrap& b) {
-      const std::string error = test::enter_netns(hosts.name(b.rank()));
+      const std::string error = place(b.rank());
       ASSERT_TRUE(error.empty()) << error;
       cpu_set_t one;
       CPU_ZERO(&one);
@@ -209,6 +187,28 @@ TEST(WaitPolicy, RanksOfNamespaceHostsCountAsRanksOfTheirMachine) {
       EXPECT_EQ(x, std::vector<float>(1001, 3.0f));
     });
   }
+}
+
+// Why the pinned tests cannot run here, or nothing.
+std::string cannot_pin_two_ranks() {
+  if (allowed_cpus().size() < 2 || own_cores().cores < 2) return "needs 2 CPUs: " + own_cores().why;
+  if (config().progress != ProgressMode::kAuto) return "DLOP_PROGRESS names a mode";
+  return {};
+}
+
+TEST(WaitPolicy, RanksPinnedToACoreEachSpinAndRanksSharingOneYield) {
+  if (const std::string why = cannot_pin_two_ranks(); !why.empty()) GTEST_SKIP() << why;
+  pinned_ranks_spin_apart_and_yield_together([](int) { return std::string(); });
+}
+
+// The same, with each rank in a network namespace of its own: two hosts to
+// the transport, one machine's cores to the wait policy.
+TEST(WaitPolicy, RanksOfNamespaceHostsCountAsRanksOfTheirMachine) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (ip netns)";
+  if (const std::string why = cannot_pin_two_ranks(); !why.empty()) GTEST_SKIP() << why;
+  test::NetnsHosts hosts(2);
+  if (!hosts.failed().empty()) GTEST_SKIP() << "cannot make network namespaces here: " << hosts.failed();
+  pinned_ranks_spin_apart_and_yield_together([&hosts](int rank) { return test::enter_netns(hosts.name(rank)); });
 }
 
 TEST(WaitPolicy, YieldsWhenRanksOutnumberCoresAndSpinsOtherwise) {
@@ -290,13 +290,13 @@ TEST(WaitPolicy, EachModeBoundsItsPolling) {
 
 // Twice as many ranks as this process may use cores (at least 4): every
 // waiting rank yields, and results stay exact.
-int crowded_ranks() { return std::clamp(static_cast<int>(std::ceil(usable_cores().cores)) * 2, 4, 8); }
+int crowded_ranks() { return std::clamp(static_cast<int>(std::ceil(own_cores().cores)) * 2, 4, 8); }
 
 TEST(WaitPolicy, CollectivesWithTwiceAsManyRanksAsCoresAreExact) {
   const int n = crowded_ranks();
   test::run_ranks(n, [](transport::Bootstrap& b) {
     auto comm = Communicator::create(b);
-    if (comm->size() > usable_cores().cores) {
+    if (comm->size() > own_cores().cores) {
       EXPECT_EQ(WaitPolicy::process().mode(), WaitMode::kYield);
     }
     for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001},

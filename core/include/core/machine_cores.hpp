@@ -22,8 +22,6 @@ struct CoreBudget {
 
 // The CPU numbers this process may run on (its affinity).
 std::vector<int> allowed_cpus();
-// The cores this process may use: its CPU affinity, capped by a cgroup CPU quota.
-CoreBudget usable_cores();
 // A cgroup v2 cpu.max ("QUOTA PERIOD" or "max PERIOD") as cores; nullopt: no quota.
 std::optional<double> parse_cgroup_cpu_max(std::string_view text);
 

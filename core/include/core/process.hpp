@@ -21,6 +21,10 @@ struct ProcessId {
   bool operator==(const ProcessId&) const = default;
 };
 
+// Identity of this machine (one kernel, whatever its namespaces): its boot
+// id, else its hostname. Processes with equal identities share its cores.
+std::string machine_identity();
+
 // Identity of this host: DLOP_HOST_ID if set, else hostname, boot id and
 // network namespace. Processes with equal identities use shared memory
 // between them; others talk over the network. A process in another network

@@ -170,6 +170,27 @@ def test_a_wrong_term_shows_as_error_and_a_spread_as_band():
         assert low <= c["predicted"] <= high and high - low > 0.005
 
 
+def test_a_winner_is_measured_only_where_every_run_names_it():
+    def judge(ring_ms, hier_ms, predicted_ratio, hier_runs=None):
+        def cell(column, times, predicted_ms, runs):
+            return {"rate": "10gbit", "hosts": 2, "per_host": 2, "bytes": MIB, "column": column,
+                    "runs": runs or list(range(len(times))), "measured_runs_ms": times, "predicted_ms": predicted_ms}
+        [w] = lr.winners([cell("ring", ring_ms, predicted_ratio, None),
+                          cell("hierarchical", hier_ms, 1.0, hier_runs)])
+        return w
+
+    w = judge([3.0, 3.3], [2.0, 3.0], 1.3)  # ratios 1.5 and 1.1: hierarchical in both runs
+    assert (w["measured"], w["predicted"], w["agree"]) == ("hierarchical", "hierarchical", True)
+    assert w["measured_ratio"] == pytest.approx(1.3) and w["measured_runs_ratio"] == pytest.approx([1.5, 1.1])
+    assert (judge([3.0, 3.3], [2.0, 3.0], 0.9)["agree"], judge([2.0], [3.0], 0.9)["measured"]) == (False, "ring")
+    # Runs that disagree are a tie; a predicted ratio within theirs agrees with it, one beyond does not.
+    tie = judge([3.0, 2.0], [2.5, 2.5], 1.1)  # ratios 1.2 and 0.8
+    assert (tie["measured"], tie["predicted"], tie["agree"]) == (lr.TIE, "hierarchical", True)
+    assert not judge([3.0, 2.0], [2.5, 2.5], 1.3)["agree"] and not judge([3.0, 2.0], [2.5, 2.5], 0.7)["agree"]
+    # Runs pair by their number: run 1 has no hierarchical time, so only runs 0 and 2 count.
+    assert judge([3.0, 1.0, 3.0], [2.0, 2.0], 1.5, hier_runs=[0, 2])["measured_runs_ratio"] == [1.5, 1.5]
+
+
 def test_scaling_model_formulas():
     net, intra = sm.Link(10, 5), sm.Link(400, 1)
     b = 100e6
@@ -285,6 +306,8 @@ def assert_tables_match_json(folder: Path) -> dict:
     assert len(winners) == len(data["checks"]["winners"])
     for cells, w in zip(winners, data["checks"]["winners"]):
         assert (cells["measured winner"], cells["predicted winner"]) == (w["measured"], w["predicted"])
+        assert [float(x) for x in cells["each run"].split(", ")] == pytest.approx(w["measured_runs_ratio"], abs=0.0051)
+        assert cells["agree"] == ("yes" if w["agree"] else "**no**")
     t = data["targets"]
     assert f"Met at **{t['ddp_within']} of {t['ddp_points']}** DDP points" in text
     terms = _table(text, "## Calibration")

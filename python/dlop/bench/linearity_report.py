@@ -171,11 +171,12 @@ def calibration_table(m: dict) -> list[dict]:
 def allreduce_checks(m: dict, cores: int) -> list[dict]:
     """Per rate, layout, column (dlop's ring or hierarchical, Gloo) and size: the median measured time against the
     model's, with the links measured here."""
-    groups: dict[tuple, list[float]] = {}
+    groups: dict[tuple, dict[int, float]] = {}
     for r in m["allreduce"]:
-        groups.setdefault((r["rate"], r["hosts"], r["per_host"], r["column"], r["bytes"]), []).append(r["time_us"])
+        groups.setdefault((r["rate"], r["hosts"], r["per_host"], r["column"], r["bytes"]), {})[r["run"]] = r["time_us"]
     out = []
-    for (rate, hosts, per_host, column, nbytes), times in sorted(groups.items()):
+    for (rate, hosts, per_host, column, nbytes), by_run in sorted(groups.items()):
+        times = list(by_run.values())
         backend = "gloo" if column == "gloo" else "dlop"
         runs = {k: v for k, v in term_runs(m["calibration"], _any_model(m), backend, rate).items()
                 if k.startswith(("intra", "net", "crowd"))}
@@ -188,7 +189,7 @@ def allreduce_checks(m: dict, cores: int) -> list[dict]:
         predicted, low, high = with_band(runs, seconds)
         measured = _common.median(times) * 1e-6
         out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "column": column, "bytes": nbytes,
-                    "measured_ms": measured * 1e3, "measured_runs_ms": [t * 1e-3 for t in times],
+                    "measured_ms": measured * 1e3, "runs": list(by_run), "measured_runs_ms": [t * 1e-3 for t in times],
                     "predicted_ms": predicted * 1e3, "band_ms": [low * 1e3, high * 1e3],
                     "error": predicted / measured - 1})
     return out
@@ -199,20 +200,41 @@ def _any_model(m: dict) -> str:
 
 
 def winners(allreduce: list[dict]) -> list[dict]:
-    """Ring against hierarchical wherever both ran: the faster, measured and predicted."""
+    """Ring against hierarchical wherever both ran: the faster, measured and predicted.
+
+    Ring and hierarchical of one run ran one after the other, so each run gives a ratio. A winner is measured where
+    every run names the same one; where the runs disagree the measurement is a tie, and the model agrees with it
+    when its ratio lies within the runs' ratios (the measurement cannot tell them apart)."""
     cells = {(c["rate"], c["hosts"], c["per_host"], c["bytes"], c["column"]): c for c in allreduce}
     out = []
     for (rate, hosts, per_host, nbytes, column), ring in sorted(cells.items()):
         hier = cells.get((rate, hosts, per_host, nbytes, "hierarchical"))
         if column != "ring" or hier is None:
             continue
-        measured = "ring" if ring["measured_ms"] < hier["measured_ms"] else "hierarchical"
-        predicted = "ring" if ring["predicted_ms"] < hier["predicted_ms"] else "hierarchical"
+        ring_ms, hier_ms = (dict(zip(c["runs"], c["measured_runs_ms"])) for c in (ring, hier))
+        ratios = [ring_ms[r] / hier_ms[r] for r in ring_ms if r in hier_ms]
+        if not ratios:
+            continue
+        measured = winner_of(ratios)
+        predicted_ratio = ring["predicted_ms"] / hier["predicted_ms"]
+        predicted = winner_of([predicted_ratio])
+        agree = measured == predicted or (measured == TIE and min(ratios) <= predicted_ratio <= max(ratios))
         out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "bytes": nbytes, "measured": measured,
-                    "predicted": predicted, "agree": measured == predicted,
-                    "measured_ratio": ring["measured_ms"] / hier["measured_ms"],
-                    "predicted_ratio": ring["predicted_ms"] / hier["predicted_ms"]})
+                    "predicted": predicted, "agree": agree, "measured_ratio": _common.median(ratios),
+                    "measured_runs_ratio": ratios, "predicted_ratio": predicted_ratio})
     return out
+
+
+TIE = "tie"
+
+
+def winner_of(ratios: list[float]) -> str:
+    """ring / hierarchical time ratios -> the algorithm faster in every one, or TIE."""
+    if all(r < 1 for r in ratios):
+        return "ring"
+    if all(r > 1 for r in ratios):
+        return "hierarchical"
+    return TIE
 
 
 def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:

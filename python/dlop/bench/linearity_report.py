@@ -199,6 +199,18 @@ def _any_model(m: dict) -> str:
     return sorted(m["calibration"][0]["ddp"])[0]
 
 
+TIE = "tie"
+
+
+def winner_of(ratios: list[float]) -> str:
+    """ring / hierarchical time ratios -> the algorithm faster in every one, or TIE."""
+    if all(r < 1 for r in ratios):
+        return "ring"
+    if all(r > 1 for r in ratios):
+        return "hierarchical"
+    return TIE
+
+
 def winners(allreduce: list[dict]) -> list[dict]:
     """Ring against hierarchical wherever both ran: the faster, measured and predicted.
 
@@ -223,18 +235,6 @@ def winners(allreduce: list[dict]) -> list[dict]:
                     "predicted": predicted, "agree": agree, "measured_ratio": _common.median(ratios),
                     "measured_runs_ratio": ratios, "predicted_ratio": predicted_ratio})
     return out
-
-
-TIE = "tie"
-
-
-def winner_of(ratios: list[float]) -> str:
-    """ring / hierarchical time ratios -> the algorithm faster in every one, or TIE."""
-    if all(r < 1 for r in ratios):
-        return "ring"
-    if all(r > 1 for r in ratios):
-        return "hierarchical"
-    return TIE
 
 
 def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:

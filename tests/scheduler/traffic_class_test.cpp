@@ -101,11 +101,13 @@ TEST(Communicator, GradientAllreducesOvertakeAChunkedBackgroundOne) {
 }
 
 // Data ops go by deadline: one due at step 2 overtakes one due at step 9
-// that was submitted (and started) before it.
+// that was submitted (and started) before it. The later op has 512 chunks:
+// with 128, a rank descheduled between its two submissions on a busy
+// 2-core machine let it finish first in about 1 run of 60.
 TEST(Communicator, EarlierDeadlineDataAllreduceOvertakesALaterOne) {
   test::run_ranks(2, [](transport::Bootstrap& b) {
     auto comm = Communicator::create(b, {.traffic_classes = true, .chunk_bytes = 64u << 10});
-    std::vector<std::int32_t> later(2u << 20, 1), sooner(256u << 10, 2);
+    std::vector<std::int32_t> later(8u << 20, 1), sooner(256u << 10, 2);
     Handle late = comm->allreduce(later.data(), later.data(), later.size(), DataType::kInt32, ReduceOp::kSum,
                                   {.traffic = TrafficClass::kData, .deadline_step = 9});
     Handle soon = comm->allreduce(sooner.data(), sooner.data(), sooner.size(), DataType::kInt32, ReduceOp::kSum,

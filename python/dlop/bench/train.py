@@ -3,6 +3,7 @@
     python -m dlop.bench.train --json train.json --report DIR             # all ranks on this host
     python -m dlop.bench.train --hosts 3 --link 1gbit --report DIR        # 2 trainer hosts + 1 offloader host
     python -m dlop.bench.train --kind video --hosts 3 --link 1gbit --report DIR   # clips and a 3D CNN
+    python -m dlop.bench.train --device cuda --trainer-cores 4 --report DIR   # one accelerator: dlop.bench.train_device
 
 DDP trains a small CNN on the built-in ImageNet-like image folder (``dlop
 make-dataset``; JPEG decode, RandomResizedCrop, horizontal flip, normalise).
@@ -405,6 +406,11 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--device" or a.startswith("--device=") for a in argv):
+        from dlop.bench import train_device  # one accelerator fed by offloaders: a benchmark of its own
+
+        return train_device.main(argv)
     args = parse_args(argv)
     if any(c.startswith("dlop_offload") for c in args.configs):
         args.offloader_exe = offloader_path(args.offloader)

@@ -1,6 +1,8 @@
 """A synthetic ImageNet-like image folder, generated locally (no download).
 
     python -m dlop.data.make_dataset OUT [--kind image|video|audio] [--classes N] [--per-class N] [--seed 0]
+        [--size WxH] [--quality Q] [--jobs N]                        (images; --size also for video)
+        [--seconds S] [--fps F] [--codec mix|h264] [--gop-seconds MIN,MAX]   (video)
 
 ``--kind video`` and ``--kind audio`` write the built-in video and audio
 sets instead (dlop.data.make_video, dlop.data.make_audio: real codecs made
@@ -12,7 +14,9 @@ dlop's native sources read. Each class has its own palette, gradient direction
 and kind of shapes, so a small model can learn them; noise and texture keep
 the JPEGs from being trivially compressible (typically 40-90 KB, like
 ImageNet's). Pixels depend only on (seed, class, index), so a larger
-``--per-class`` adds images without changing the first ones.
+``--per-class`` adds images without changing the first ones. ``--size WxH``
+makes every image that size instead, ``--quality`` fixes the JPEG quality
+(default: 80-95, drawn per image), ``--jobs`` writes with that many processes.
 """
 
 from __future__ import annotations
@@ -50,11 +54,13 @@ def _rgb(hue: float, sat: float, val: float) -> np.ndarray:
     return np.array(colorsys.hsv_to_rgb(hue % 1.0, sat, val), dtype=np.float32) * 255.0
 
 
-def make_image(seed: int, cls: int, num_classes: int, index: int) -> np.ndarray:
-    """One (H, W, 3) uint8 image of class `cls`."""
+def make_image(seed: int, cls: int, num_classes: int, index: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """One (H, W, 3) uint8 image of class `cls`; `size` (W, H) fixes its size."""
     rng = np.random.default_rng([seed, cls, index])
     w = int(rng.integers(300, 641))
     h = int(np.clip(round(w * rng.uniform(0.6, 0.95)), 200, 480))
+    if size is not None:
+        w, h = size
     hue = cls / num_classes
     # Row and column coordinates in [0, 1); 2-D arrays come from broadcasting.
     y = (np.arange(h, dtype=np.float32) / h)[:, None]
@@ -107,32 +113,59 @@ def class_name(cls: int) -> str:
     return f"class_{cls:02d}"
 
 
+def _write_image(out: str, seed: int, cls: int, classes: int, i: int, size, quality) -> int:
+    """Writes image i of class cls beside its name and renames it; its bytes."""
+    rng = np.random.default_rng([seed, cls, i, 1])
+    data = _encoder()(make_image(seed, cls, classes, i, size), quality or int(rng.integers(80, 96)))
+    path = os.path.join(out, class_name(cls), f"{class_name(cls)}_{i:05d}.jpg")
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+    return len(data)
+
+
 def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100, seed: int = 0,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, size: tuple[int, int] | None = None, quality: int | None = None,
+                 jobs: int = 1) -> dict:
     """Writes the dataset under `out` (created; existing files of the same names are replaced). `progress`: a
-    bar on stderr while stderr is a terminal."""
+    bar on stderr while stderr is a terminal; `size` (W, H) and `quality` fix those; `jobs` processes write."""
+    from concurrent.futures import ProcessPoolExecutor
+
     from tqdm import tqdm
 
     if classes < 1 or per_class < 1:
         raise ValueError("classes and per_class must be at least 1")
-    encode = _encoder()
-    total = 0
-    bar = tqdm(total=classes * per_class, unit="image", desc="make-dataset", disable=None if progress else True,
-               file=sys.stderr, dynamic_ncols=True, leave=False)
+    if size is not None and min(size) < 16:
+        raise ValueError(f"image size {size[0]}x{size[1]}: at least 16x16")
+    if quality is not None and not 1 <= quality <= 100:
+        raise ValueError(f"JPEG quality {quality}: 1 to 100")
     for cls in range(classes):
-        folder = os.path.join(out, class_name(cls))
-        os.makedirs(folder, exist_ok=True)
-        for i in range(per_class):
-            rng = np.random.default_rng([seed, cls, i, 1])
-            data = encode(make_image(seed, cls, classes, i), int(rng.integers(80, 96)))
-            path = os.path.join(folder, f"{class_name(cls)}_{i:05d}.jpg")
-            with open(path + ".tmp", "wb") as f:
-                f.write(data)
-            os.replace(path + ".tmp", path)
-            total += len(data)
+        os.makedirs(os.path.join(out, class_name(cls)), exist_ok=True)
+    work = [(os.fspath(out), seed, cls, classes, i, size, quality) for cls in range(classes) for i in range(per_class)]
+    bar = tqdm(total=len(work), unit="image", desc="make-dataset", disable=None if progress else True,
+               file=sys.stderr, dynamic_ncols=True, leave=False)
+    total = 0
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            for written in pool.map(_write_image, *zip(*work), chunksize=16):
+                total += written
+                bar.update()
+    else:
+        for item in work:
+            total += _write_image(*item)
             bar.update()
     bar.close()
     return {"root": os.fspath(out), "classes": classes, "images": classes * per_class, "bytes": total}
+
+
+def parse_size(text: str | None) -> tuple[int, int] | None:
+    """'500x375' -> (500, 375); ValueError otherwise."""
+    if text is None:
+        return None
+    w, sep, h = text.lower().partition("x")
+    if not (sep and w.isdigit() and h.isdigit()) or min(int(w), int(h)) < 1:
+        raise ValueError(f"{text!r} is not a size like 500x375")
+    return int(w), int(h)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,18 +175,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, help="default: 10 for images, 4 for video and audio")
     parser.add_argument("--per-class", type=int, help="default: 100 images, 4 clips")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", help="WxH of every image or clip, e.g. 500x375 (default: images 300-640 wide, "
+                                       "clips a mix of small sizes)")
+    parser.add_argument("--quality", type=int, help="images: JPEG quality 1-100 (default: 80-95 per image)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes writing images or clips")
+    parser.add_argument("--seconds", type=float, help="video: each clip's length (default: 1-2 s)")
+    parser.add_argument("--fps", type=int, help="video: frame rate (default: 24, 25 or 30 per clip)")
+    parser.add_argument("--codec", choices=("mix", "h264"), default="mix",
+                        help="video: a mix of codecs and containers, or H.264 in mp4 with two B-frames")
+    parser.add_argument("--gop-seconds", help="video: MIN,MAX seconds between keyframes, drawn per clip")
     args = parser.parse_args(argv)
+    try:
+        size = parse_size(args.size)
+        gop = None if args.gop_seconds is None else tuple(float(v) for v in args.gop_seconds.split(","))
+        if gop is not None and (len(gop) != 2 or not 0 < gop[0] <= gop[1]):
+            raise ValueError(f"--gop-seconds {args.gop_seconds!r}: give MIN,MAX with 0 < MIN <= MAX")
+    except ValueError as e:
+        parser.error(str(e))
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: at least 1")
+    video_only = [n for n in ("seconds", "fps", "gop_seconds") if getattr(args, n) is not None]
+    if args.kind != "video" and (video_only or args.codec != "mix"):
+        parser.error("--seconds, --fps, --codec and --gop-seconds are options of --kind video")
+    if args.kind != "image" and args.quality is not None:
+        parser.error("--quality is an option of --kind image")
     start = time.perf_counter()
-    if args.kind != "image":
+    if args.kind == "audio":
         from dlop.data.make_audio import make_audio_dataset
+
+        if size is not None:
+            parser.error("--size is an option of --kind image and video")
+        paths = make_audio_dataset(args.out, args.classes or 4, args.per_class or 4, seed=args.seed)
+        print(f"{len(paths)} audio clips in {args.out} ({time.perf_counter() - start:.1f} s)")
+        return 0
+    if args.kind == "video":
         from dlop.data.make_video import make_video_dataset
 
-        make = make_video_dataset if args.kind == "video" else make_audio_dataset
-        paths = make(args.out, args.classes or 4, args.per_class or 4, seed=args.seed)
-        print(f"{len(paths)} {args.kind} clips in {args.out} ({time.perf_counter() - start:.1f} s)")
+        paths = make_video_dataset(args.out, args.classes or 4, args.per_class or 4, seed=args.seed, size=size,
+                                   seconds=args.seconds, fps=args.fps, codec=args.codec, gop_seconds=gop,
+                                   jobs=args.jobs)
+        print(f"{len(paths)} video clips in {args.out} ({time.perf_counter() - start:.1f} s)")
         return 0
     args.classes, args.per_class = args.classes or 10, args.per_class or 100
-    stats = make_dataset(args.out, args.classes, args.per_class, args.seed, progress=True)
+    stats = make_dataset(args.out, args.classes, args.per_class, args.seed, progress=True, size=size,
+                         quality=args.quality, jobs=args.jobs)
     print(
         f"{stats['images']} images in {stats['classes']} classes, {stats['bytes'] / 1e6:.1f} MB, "
         f"in {args.out} ({time.perf_counter() - start:.1f} s)"

@@ -97,8 +97,22 @@ struct DeviceAllocator final : c10::Allocator {
   void copy_data(void* dst, const void* src, size_t bytes) const override { copy_now(dst, src, bytes); }
 };
 
+// As cudaHostAlloc does, pinning memory waits for every device to finish
+// what is queued on it: a pinned allocation inside a step stalls the step.
+void synchronize_all_devices() {
+  if (on_stream_worker()) {
+    return;  // a stream cannot wait for itself
+  }
+  for (c10::DeviceIndex index = 0; index < device_count(); ++index) {
+    synchronize_device(index);
+  }
+}
+
 struct HostAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t bytes) override {
+    if (bytes > 0) {
+      synchronize_all_devices();
+    }
     void* ptr = acquire(bytes, std::nullopt);
     return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
   }

@@ -7,6 +7,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -25,8 +26,13 @@ struct QueuedCopy {
   at::Tensor dst;
   std::vector<c10::Storage> keep_alive;
   Timing timing;
+  Engine* engine = nullptr;  // the copy engine of its direction; none between devices
 
   void operator()() const {
+    std::unique_lock<Engine> hold;
+    if (engine != nullptr) {
+      hold = std::unique_lock<Engine>(*engine);
+    }
     // The caller's autograd state is not this thread's: the copy is data only
     // (a CPU side may be a leaf that requires grad, copied into under no_grad).
     const at::AutoDispatchBelowADInplaceOrView data_only;
@@ -123,8 +129,12 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     src_ready.block(stream);
   }
 
-  const auto position =
-      w.enqueue(QueuedCopy{host_alias(src), host_alias(dst), {src.storage(), dst.storage()}, timing()});
+  Engine* copy_engine = nullptr;
+  if (src.is_cpu() || dst.is_cpu()) {
+    copy_engine = &engine(index, to_device ? EngineKind::kToDevice : EngineKind::kToHost);
+  }
+  const auto position = w.enqueue(
+      QueuedCopy{host_alias(src), host_alias(dst), {src.storage(), dst.storage()}, timing(), copy_engine});
 
   if (other) {
     Event copied;

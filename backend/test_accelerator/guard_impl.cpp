@@ -36,11 +36,11 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getDefaultStream(c10::Device device) const override {
     return default_stream(resolve(device).index());
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device device, bool /*isHighPriority*/) const override {
-    return pool_stream(resolve(device).index());
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool isHighPriority) const override {
+    return pool_stream(resolve(device).index(), isHighPriority);
   }
-  c10::Stream getNewStream(c10::Device device, int /*priority*/) const override {
-    return new_stream(resolve(device).index());
+  c10::Stream getNewStream(c10::Device device, int priority) const override {
+    return new_stream(resolve(device).index(), priority);
   }
   c10::Stream exchangeStream(c10::Stream stream) const override { return exchange_stream(stream); }
   bool queryStream(const c10::Stream& stream) const override {

@@ -1,17 +1,15 @@
 // The aten kernels of dlop_test (PrivateUse1). Only what cannot run on the
 // CPU over a copy is written here: tensor creation, views (they must share
 // memory), resizing, copies and record_stream. Every other operator goes to
-// the CPU fallback at the end, which lets the current streams of the devices
-// involved finish, then runs the CPU kernel on CPU views of the arguments and
-// copies new results to the device, all on the calling thread: computation is
-// synchronous, copies and event waits are not.
+// the fallback at the end (compute.hpp), which queues it on its stream or,
+// where it cannot, runs it at once.
 #include "allocators.hpp"
+#include "compute.hpp"
 #include "copy.hpp"
 #include "stream_runtime.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/CPUFallback.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/resize_native.h>
@@ -122,48 +120,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
               "dlop_test: record_stream needs a dlop_test tensor and stream");
 }
 
-// The devices of an operator's tensor arguments (and of a Device argument).
-std::vector<bool> devices_used(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  std::vector<bool> used(static_cast<size_t>(device_count()), false);
-  auto note = [&](const at::Tensor& t) {
-    if (t.defined() && t.is_privateuseone()) {
-      used[static_cast<size_t>(t.device().index())] = true;
-    }
-  };
-  for (const auto& arg : torch::jit::last(stack, op.schema().arguments().size())) {
-    if (arg.isTensor()) {
-      note(arg.toTensor());
-    } else if (arg.isTensorList()) {
-      for (const at::Tensor& t : arg.toTensorVector()) {
-        note(t);
-      }
-    } else if (arg.isOptionalTensorList()) {
-      for (const auto& t : arg.toOptionalTensorVector()) {
-        if (t) {
-          note(*t);
-        }
-      }
-    } else if (arg.isDevice() && arg.toDevice().is_privateuseone()) {
-      used[static_cast<size_t>(resolve(arg.toDevice()).index())] = true;
-    }
-  }
-  return used;
-}
-
-// Runs an operator on the CPU as if it ran on the current streams of its
-// devices, with no delay: once they have run what is queued on them.
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto used = devices_used(op, *stack);
-  for (size_t index = 0; index < used.size(); ++index) {
-    if (used[index]) {
-      auto& w = worker(current_stream(static_cast<c10::DeviceIndex>(index)));
-      w.wait_passed(w.last_queued());
-    }
-  }
-  const HostCopyScope host_copies;
-  at::native::cpu_fallback(op, stack);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -183,12 +139,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Composite in torch, but they pick the convolution backend by device and
   // would choose the "overrideable" one, which has no CPU kernel: run the
   // operators themselves on the CPU instead.
-  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
-  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&compute>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&compute>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&compute>());
 }
 
 }  // namespace dlop::test_accelerator

@@ -2,6 +2,7 @@
 // other files register themselves when the library loads); these functions
 // are what dlop/testing/accelerator.py needs beyond torch.Stream and torch.Event.
 #include "allocators.hpp"
+#include "compute.hpp"
 #include "stream_runtime.hpp"
 
 #include <ATen/Context.h>
@@ -10,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <string>
 #include <stdexcept>
 #include <tuple>
 
@@ -21,6 +23,16 @@ namespace {
 // (stream_id, device_index, device_type), the arguments of torch.Stream.
 std::tuple<int64_t, int64_t, int64_t> stream_args(const c10::Stream& s) {
   return {s.id(), s.device_index(), static_cast<int64_t>(s.device_type())};
+}
+
+py::dict timing_dict(const ta::Timing& t) {
+  py::dict d;
+  d["delay_us"] = static_cast<int64_t>(t.delay.count());
+  d["copy_gbps"] = t.copy_gbps;
+  d["op_us"] = static_cast<int64_t>(t.op.count());
+  d["tflops"] = t.tflops;
+  d["query_us"] = static_cast<int64_t>(t.query.count());
+  return d;
 }
 
 }  // namespace
@@ -44,27 +56,43 @@ PYBIND11_MODULE(_accelerator, m) {
       "synchronize", [](int index) { ta::synchronize_device(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());
   m.def("event_queries", [] { return ta::event_queries(); });
-  m.def("timing", [] {
-    const auto t = ta::timing();
-    return std::make_tuple(static_cast<int64_t>(t.delay.count()), t.copy_gbps);
-  });
+  m.def("timing", [] { return timing_dict(ta::timing()); });
   m.def(
       "configure",
-      [](std::optional<int64_t> delay_us, std::optional<double> copy_gbps) {
+      [](const py::kwargs& changes) {
         auto t = ta::timing();
-        const auto previous = std::make_tuple(static_cast<int64_t>(t.delay.count()), t.copy_gbps);
-        if (delay_us) {
-          t.delay = std::chrono::microseconds(*delay_us);
-        }
-        if (copy_gbps) {
-          t.copy_gbps = *copy_gbps;
+        const auto previous = timing_dict(t);
+        for (const auto& [key, value] : changes) {
+          const auto name = py::cast<std::string>(key);
+          if (name == "delay_us") {
+            t.delay = std::chrono::microseconds(py::cast<int64_t>(value));
+          } else if (name == "copy_gbps") {
+            t.copy_gbps = py::cast<double>(value);
+          } else if (name == "op_us") {
+            t.op = std::chrono::microseconds(py::cast<int64_t>(value));
+          } else if (name == "tflops") {
+            t.tflops = py::cast<double>(value);
+          } else if (name == "query_us") {
+            t.query = std::chrono::microseconds(py::cast<int64_t>(value));
+          } else {
+            throw py::type_error("configure: unknown setting " + name +
+                                 " (delay_us, copy_gbps, op_us, tflops, query_us)");
+          }
         }
         ta::configure(t);
         return previous;
       },
-      py::arg("delay_us") = py::none(), py::arg("copy_gbps") = py::none(),
-      "Sets the delay (microseconds) and the copy rate (GB/s, 0: unlimited) of the copies queued from now on; "
-      "returns the previous (delay_us, copy_gbps).");
+      "Changes the timing of the work queued from now on (delay_us, copy_gbps, op_us, tflops, query_us); "
+      "returns the previous settings as a dict.");
+  m.def("compute_counts", [] {
+    const auto c = ta::compute_counts();
+    return std::make_tuple(c.queued, c.immediate);
+  });
+  m.def("stream_priority", [](int64_t stream_id, int index) {
+    return ta::stream_priority(c10::Stream(c10::Stream::UNSAFE,
+                                           c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)),
+                                           stream_id));
+  });
   // For the tests: what C++ code gets from torch's host allocator API.
   m.def("_host_allocator_check", [] {
     auto* allocator = at::getHostAllocator(c10::DeviceType::PrivateUse1);

@@ -1,10 +1,18 @@
 #include "stream_runtime.hpp"
 
 #include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <vector>
 
 namespace dlop::test_accelerator {
@@ -26,15 +34,30 @@ double env_number(const char* name, double fallback, double min, double max, boo
   return value;
 }
 
+int64_t env_us(const char* name) {
+  return static_cast<int64_t>(env_number(name, 0, 0, 60e6, true));
+}
+
 struct Settings {
   c10::DeviceIndex device_count;
+  std::string share;  // DLOP_TEST_DEVICE_SHARE: processes with the same one share the engines
   std::atomic<int64_t> delay_us;
   std::atomic<double> copy_gbps;
+  std::atomic<int64_t> op_us;
+  std::atomic<double> tflops;
+  std::atomic<int64_t> query_us;
 
   Settings()
       : device_count(static_cast<c10::DeviceIndex>(env_number("DLOP_TEST_DEVICE_COUNT", 2, 1, 64, true))),
-        delay_us(static_cast<int64_t>(env_number("DLOP_TEST_DEVICE_DELAY_US", 0, 0, 60e6, true))),
-        copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 0, 1e6, false)) {}
+        share(std::getenv("DLOP_TEST_DEVICE_SHARE") ? std::getenv("DLOP_TEST_DEVICE_SHARE") : ""),
+        delay_us(env_us("DLOP_TEST_DEVICE_DELAY_US")),
+        copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 0, 1e6, false)),
+        op_us(env_us("DLOP_TEST_DEVICE_OP_US")),
+        tflops(env_number("DLOP_TEST_DEVICE_TFLOPS", 0, 0, 1e6, false)),
+        query_us(env_us("DLOP_TEST_DEVICE_QUERY_US")) {
+    TORCH_CHECK(share.find('/') == std::string::npos, "DLOP_TEST_DEVICE_SHARE=", share,
+                ": expected a name without '/'");
+  }
 };
 
 Settings& settings() {
@@ -43,6 +66,7 @@ Settings& settings() {
 }
 
 thread_local c10::DeviceIndex tls_device = 0;
+thread_local bool tls_stream_worker = false;
 // The calling thread's current stream id per device; 0 (default) until set.
 thread_local std::vector<c10::StreamId> tls_streams;
 
@@ -86,15 +110,39 @@ class Registry {
     return *slot;
   }
 
-  c10::StreamId pool_id(c10::DeviceIndex index) {
+  c10::StreamId pool_id(c10::DeviceIndex index, bool high_priority) {
     std::lock_guard lock(mutex_);
     auto& device = devices_[static_cast<size_t>(index)];
-    return 1 + (device.pool_next++ % kPoolSize);
+    auto& next = device.pool_next[high_priority ? 1 : 0];
+    return 1 + (high_priority ? kPoolSize : 0) + (next++ % kPoolSize);
   }
 
-  c10::StreamId new_id(c10::DeviceIndex index) {
+  c10::StreamId new_id(c10::DeviceIndex index, int priority) {
     std::lock_guard lock(mutex_);
-    return devices_[static_cast<size_t>(index)].next_new_id++;
+    auto& device = devices_[static_cast<size_t>(index)];
+    if (priority < 0) {
+      device.high_priority.push_back(device.next_new_id);
+    }
+    return device.next_new_id++;
+  }
+
+  int priority(c10::DeviceIndex index, c10::StreamId id) {
+    if (id > kPoolSize && id <= 2 * kPoolSize) {
+      return -1;
+    }
+    std::lock_guard lock(mutex_);
+    const auto& high = devices_[static_cast<size_t>(index)].high_priority;
+    return std::find(high.begin(), high.end(), id) != high.end() ? -1 : 0;
+  }
+
+  Engine& engine(c10::DeviceIndex index, EngineKind kind) {
+    auto& device = devices_[static_cast<size_t>(index)];
+    auto& slot = device.engines[static_cast<size_t>(kind)];
+    std::lock_guard lock(mutex_);
+    if (!slot) {
+      slot = std::make_unique<Engine>(index, kind);
+    }
+    return *slot;
   }
 
   std::vector<StreamWorker*> workers(c10::DeviceIndex index) {
@@ -111,8 +159,10 @@ class Registry {
  private:
   struct Device {
     std::vector<std::unique_ptr<StreamWorker>> workers;  // by stream id; started on first use
-    c10::StreamId next_new_id = 1 + kPoolSize;
-    c10::StreamId pool_next = 0;
+    c10::StreamId next_new_id = 1 + 2 * kPoolSize;
+    std::array<c10::StreamId, 2> pool_next{0, 0};  // low, high
+    std::vector<c10::StreamId> high_priority;      // new streams made with priority < 0
+    std::array<std::unique_ptr<Engine>, 3> engines;
   };
   std::mutex mutex_;
   std::vector<Device> devices_;
@@ -130,13 +180,64 @@ c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
 }  // namespace
 
 Timing timing() {
-  return {std::chrono::microseconds(settings().delay_us.load()), settings().copy_gbps.load()};
+  const auto& s = settings();
+  return {std::chrono::microseconds(s.delay_us.load()), s.copy_gbps.load(), std::chrono::microseconds(s.op_us.load()),
+          s.tflops.load(), std::chrono::microseconds(s.query_us.load())};
 }
 
 void configure(const Timing& value) {
-  TORCH_CHECK(value.delay.count() >= 0 && value.copy_gbps >= 0, "dlop_test: delay and rate must be >= 0");
-  settings().delay_us = value.delay.count();
-  settings().copy_gbps = value.copy_gbps;
+  TORCH_CHECK(value.delay.count() >= 0 && value.copy_gbps >= 0 && value.op.count() >= 0 && value.tflops >= 0 &&
+                  value.query.count() >= 0,
+              "dlop_test: times and rates must be >= 0");
+  auto& s = settings();
+  s.delay_us = value.delay.count();
+  s.copy_gbps = value.copy_gbps;
+  s.op_us = value.op.count();
+  s.tflops = value.tflops;
+  s.query_us = value.query.count();
+}
+
+// --- Engine ---
+
+Engine::Engine(c10::DeviceIndex index, EngineKind kind) {
+  const auto& share = settings().share;
+  if (share.empty()) {
+    return;
+  }
+  static constexpr std::array<const char*, 3> kNames{"compute", "to_device", "to_host"};
+  const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  const auto path = std::string(dir) + "/dlop_test-" + share + "-" + std::to_string(index) + "-" +
+                    kNames[static_cast<size_t>(kind)] + ".lock";
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  TORCH_CHECK(lock_fd_ >= 0, "dlop_test: cannot open the engine lock ", path, " (DLOP_TEST_DEVICE_SHARE=", share,
+              "): ", std::strerror(errno));
+}
+
+Engine::~Engine() {
+  if (lock_fd_ >= 0) {
+    ::close(lock_fd_);
+  }
+}
+
+// The mutex first: flock is held per open file, so it orders processes only.
+void Engine::lock() {
+  mutex_.lock();
+  if (lock_fd_ >= 0) {
+    while (::flock(lock_fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+}
+
+void Engine::unlock() {
+  if (lock_fd_ >= 0) {
+    ::flock(lock_fd_, LOCK_UN);
+  }
+  mutex_.unlock();
+}
+
+Engine& engine(c10::DeviceIndex index, EngineKind kind) {
+  check_device(index);
+  return registry().engine(index, kind);
 }
 
 c10::DeviceIndex device_count() noexcept {
@@ -170,7 +271,11 @@ c10::Device resolve(c10::Device device) {
 
 // --- StreamWorker ---
 
-StreamWorker::StreamWorker() : thread_([this] { run(); }) {}
+StreamWorker::StreamWorker()
+    : thread_([this] {
+        tls_stream_worker = true;
+        run();
+      }) {}
 
 StreamWorker::~StreamWorker() {
   {
@@ -258,14 +363,19 @@ c10::Stream default_stream(c10::DeviceIndex index) {
   return make_stream(index, 0);
 }
 
-c10::Stream pool_stream(c10::DeviceIndex index) {
+c10::Stream pool_stream(c10::DeviceIndex index, bool high_priority) {
   check_device(index);
-  return make_stream(index, registry().pool_id(index));
+  return make_stream(index, registry().pool_id(index, high_priority));
 }
 
-c10::Stream new_stream(c10::DeviceIndex index) {
+c10::Stream new_stream(c10::DeviceIndex index, int priority) {
   check_device(index);
-  return make_stream(index, registry().new_id(index));
+  return make_stream(index, registry().new_id(index, priority));
+}
+
+int stream_priority(const c10::Stream& stream) {
+  const auto index = resolve(stream.device()).index();
+  return registry().priority(index, stream.id());
 }
 
 c10::Stream current_stream(c10::DeviceIndex index) {
@@ -287,6 +397,10 @@ void synchronize_device(c10::DeviceIndex index) {
   for (auto* w : registry().workers(index)) {
     w->wait_passed(w->last_queued());
   }
+}
+
+bool on_stream_worker() noexcept {
+  return tls_stream_worker;
 }
 
 // --- Event ---
@@ -319,8 +433,15 @@ std::atomic<uint64_t> g_event_queries{0};
 
 uint64_t event_queries() { return g_event_queries.load(std::memory_order_relaxed); }
 
+// A driver call: the host spins for its cost, as it would in the driver.
 bool Event::query() const {
   g_event_queries.fetch_add(1, std::memory_order_relaxed);
+  const auto cost = std::chrono::microseconds(settings().query_us.load(std::memory_order_relaxed));
+  if (cost.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + cost;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
   const auto marker = last();
   return marker.worker == nullptr || marker.worker->passed(marker.position);
 }

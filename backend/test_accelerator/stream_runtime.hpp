@@ -27,18 +27,42 @@
 
 namespace dlop::test_accelerator {
 
-// How late and how slow queued copies are (see docs/test_accelerator.md).
-// Initialised from DLOP_TEST_DEVICE_DELAY_US and DLOP_TEST_DEVICE_COPY_GBPS on
-// first use; configure() changes them for the operations queued afterwards.
+// How late and how slow queued work is (see docs/test_accelerator.md).
+// Initialised from DLOP_TEST_DEVICE_{DELAY_US,COPY_GBPS,OP_US,TFLOPS,QUERY_US}
+// on first use; configure() changes them for the work queued afterwards.
 struct Timing {
   std::chrono::microseconds delay{0};  // every copy takes at least this long
   double copy_gbps = 0;                // > 0: a copy of n bytes takes at least n / rate
+  std::chrono::microseconds op{0};     // every queued operator takes at least this long
+  double tflops = 0;                   // > 0: matmul and convolution FLOPs take flops / rate more
+  std::chrono::microseconds query{0};  // an event query costs the host this long
 };
 Timing timing();
 void configure(const Timing& timing);
 // How many times events were queried in this process: a device's driver is
 // asked that often, so tests can hold the backend to polling sparingly.
 uint64_t event_queries();
+
+// The engines of a device, shared by all its streams: one computes, one copies
+// to the device, one copies to the host. A task holds its engine while it runs,
+// so work on two streams of one engine takes turns, as on a GPU. Processes with
+// the same DLOP_TEST_DEVICE_SHARE share the engines of each device index too
+// (a lock file per engine): their compute time-slices one device.
+enum class EngineKind { kCompute, kToDevice, kToHost };
+class Engine {
+ public:
+  Engine(c10::DeviceIndex index, EngineKind kind);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  void lock();
+  void unlock();
+
+ private:
+  std::mutex mutex_;
+  int lock_fd_ = -1;  // DLOP_TEST_DEVICE_SHARE's lock file, else none
+};
+Engine& engine(c10::DeviceIndex index, EngineKind kind);
 
 // DLOP_TEST_DEVICE_COUNT (default 2), read once.
 c10::DeviceIndex device_count() noexcept;
@@ -83,12 +107,17 @@ class StreamWorker {
   std::thread thread_;  // last: starts after the members it uses
 };
 
-// Streams of every device.
+// Streams of every device: 0 the default stream, then the low- and the
+// high-priority pool (kPoolSize each), then streams of their own.
 constexpr c10::StreamId kPoolSize = 4;
 StreamWorker& worker(const c10::Stream& stream);
 c10::Stream default_stream(c10::DeviceIndex index);
-c10::Stream pool_stream(c10::DeviceIndex index);  // round robin over the pool
-c10::Stream new_stream(c10::DeviceIndex index);   // a stream of its own
+// Round robin over a pool.
+c10::Stream pool_stream(c10::DeviceIndex index, bool high_priority = false);
+// A stream of its own; priority < 0 is high, as in CUDA.
+c10::Stream new_stream(c10::DeviceIndex index, int priority = 0);
+// 0, or -1 for high priority. Recorded only: the engines do not reorder by it.
+int stream_priority(const c10::Stream& stream);
 // The calling thread's current stream of a device (its default stream until
 // exchanged); exchange_stream returns the previous one.
 c10::Stream current_stream(c10::DeviceIndex index);
@@ -96,6 +125,9 @@ c10::Stream exchange_stream(const c10::Stream& stream);
 // Blocks the host until everything queued on the streams of a device so far
 // has run.
 void synchronize_device(c10::DeviceIndex index);
+// Whether the calling thread is a stream's worker (which must never wait for
+// its own device).
+bool on_stream_worker() noexcept;
 
 // An event: the last marker recorded, if any. Owned through the void* that
 // c10::Event holds (create on first record, destroy_event).

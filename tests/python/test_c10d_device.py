@@ -278,7 +278,7 @@ def rank_wait_does_not_block_host(ctx) -> dict:
                 "completed": work.is_completed(), "synced": synced,
                 "ok": bool(torch.equal(t.cpu(), torch.full((1024,), float(ctx.world_size))))}
     finally:
-        acc.configure(*previous)
+        acc.configure(**previous)
 
 
 @needs_test_device

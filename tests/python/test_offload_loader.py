@@ -293,4 +293,4 @@ def test_batches_on_an_accelerator_are_read_only_after_their_copy(dataset, daemo
                 got.append((x.cpu().numpy(), y.cpu().numpy()))  # read on the current stream
         assert_same(got, reference(dataset, 0))
     finally:
-        accelerator.configure(*previous)
+        accelerator.configure(**previous)

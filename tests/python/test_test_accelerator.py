@@ -321,9 +321,10 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_environment_is_read_at_load():
-    code = "import dlop.testing.accelerator as a; print(a.device_count(), *a._C.timing())"
-    done = _run(code, DLOP_TEST_DEVICE_COUNT="3", DLOP_TEST_DEVICE_DELAY_US="1500", DLOP_TEST_DEVICE_COPY_GBPS="25")
+    code = "import dlop.testing.accelerator as a; print(a.device_count(), *a.settings().values())"
+    done = _run(code, DLOP_TEST_DEVICE_COUNT="3", DLOP_TEST_DEVICE_DELAY_US="1500", DLOP_TEST_DEVICE_COPY_GBPS="25",
+                DLOP_TEST_DEVICE_OP_US="40", DLOP_TEST_DEVICE_TFLOPS="0.5", DLOP_TEST_DEVICE_QUERY_US="7")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["3", "1500", "25.0"]
+    assert done.stdout.split() == ["3", "1500", "25.0", "40", "0.5", "7"]
     bad = _run(code, DLOP_TEST_DEVICE_DELAY_US="soon")
     assert bad.returncode != 0 and "DLOP_TEST_DEVICE_DELAY_US=soon" in bad.stderr

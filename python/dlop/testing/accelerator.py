@@ -5,11 +5,13 @@ names PrivateUse1 ``dlop_test`` and registers this module as ``torch.dlop_test``
 From then on ``torch.device("dlop_test:1")``, ``torch.Stream``, ``torch.Event``,
 ``torch.accelerator``, ``pin_memory()`` and DDP's device queries work as on a GPU.
 
-Each stream runs its copies and event waits on a worker thread of its own, in
-order, after the call that queued them returns; computation runs on the host
-once the current streams of its devices are idle. Copies can be made late on
-purpose, so that a missing event wait shows as wrong data instead of passing
-by luck (docs/test_accelerator.md explains the model).
+Each stream runs its operators, copies and event waits on a worker thread of
+its own, in order, after the call that queued them returns: the host runs
+ahead of the device, as on a GPU. Operators take a modelled time on the
+device's compute engine, and copies on its copy engines (one per direction).
+Copies can be made late on purpose, so that a missing event wait shows as
+wrong data instead of passing by luck (docs/test_accelerator.md explains the
+model).
 
 Environment, read when the extension loads (a bad value fails the import):
 
@@ -21,9 +23,18 @@ Environment, read when the extension loads (a bad value fails the import):
 ``DLOP_TEST_DEVICE_COPY_GBPS``
     copy bandwidth in GB/s (default 0: unlimited); a copy of n bytes takes at
     least n / rate, e.g. 25 for a PCIe link.
+``DLOP_TEST_DEVICE_OP_US``
+    every queued operator takes at least this long on the device (default 0).
+``DLOP_TEST_DEVICE_TFLOPS``
+    the device's rate for matrix products and convolutions (default 0: free).
+``DLOP_TEST_DEVICE_QUERY_US``
+    what an event query costs the host (default 0).
+``DLOP_TEST_DEVICE_SHARE``
+    processes with the same value share each device index's engines, so
+    their work time-slices one device (default: unset, a device per process).
 
-:func:`configure` (or the context manager :func:`timing`) changes the last two
-for the copies queued afterwards.
+:func:`configure` (or the context manager :func:`timing`) changes all but the
+count and the share for the work queued afterwards.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ __all__ = [
     "NAME",
     "Event",
     "Stream",
+    "compute_counts",
     "configure",
     "current_device",
     "current_stream",
@@ -57,7 +69,9 @@ __all__ = [
     "seed_all",
     "set_device",
     "set_stream",
+    "settings",
     "stream",
+    "stream_priority",
     "synchronize",
     "timing",
 ]
@@ -203,24 +217,45 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-# --- timing of the copies ---
+# --- timing of the work ---
+
+_SETTINGS = ("delay_us", "copy_gbps", "op_us", "tflops", "query_us")
 
 
-def configure(delay_us: int | None = None, copy_gbps: float | None = None) -> tuple[int, float]:
-    """Sets the delay (microseconds) and bandwidth (GB/s, 0: unlimited) of the copies
-    queued from now on; None leaves a setting as it is. Returns the previous
-    ``(delay_us, copy_gbps)``."""
-    return _C.configure(delay_us, copy_gbps)
+def configure(**settings: float | None) -> dict:
+    """Changes the timing of the work queued from now on: ``delay_us`` and
+    ``copy_gbps`` of copies, ``op_us`` and ``tflops`` of operators,
+    ``query_us`` of event queries; None leaves a setting as it is. Returns all
+    the previous settings, which ``configure(**previous)`` restores."""
+    unknown = set(settings) - set(_SETTINGS)
+    if unknown:
+        raise TypeError(f"configure: unknown setting(s) {sorted(unknown)}; expected some of {_SETTINGS}")
+    return _C.configure(**{k: v for k, v in settings.items() if v is not None})
+
+
+def settings() -> dict:
+    """The timing in force: ``delay_us``, ``copy_gbps``, ``op_us``, ``tflops``, ``query_us``."""
+    return _C.timing()
 
 
 @contextlib.contextmanager
-def timing(delay_us: int | None = None, copy_gbps: float | None = None) -> Iterator[None]:
+def timing(**settings: float | None) -> Iterator[None]:
     """:func:`configure` for the duration of a block."""
-    previous = configure(delay_us, copy_gbps)
+    previous = configure(**settings)
     try:
         yield
     finally:
-        configure(*previous)
+        configure(**previous)
+
+
+def compute_counts() -> tuple[int, int]:
+    """Operators this process queued on streams, and operators that ran at once on the host."""
+    return _C.compute_counts()
+
+
+def stream_priority(s: torch.Stream) -> int:
+    """0, or -1 for a stream of high priority (recorded, not scheduled by)."""
+    return _C.stream_priority(s.stream_id, s.device_index)
 
 
 def event_queries() -> int:
@@ -242,6 +277,11 @@ def _register() -> None:
     import dlop  # backend "dlop" serves the device, in groups made before this import too
 
     dlop.register_device(NAME)
+    # Operators are queued once their meta kernels have shaped the outputs;
+    # torch's first meta call loads for about a second, which would make the
+    # first operator on the device late on purpose.
+    meta = torch.empty(1, 1, device="meta")
+    (meta * 1 + 1) @ meta
 
 
 _register()

@@ -1,0 +1,218 @@
+"""The test accelerator's device model: operators run on their stream after
+the host has moved on, with a modelled cost; one compute engine and one copy
+engine per direction are shared by the streams of a device (and by processes
+that share it); pinned allocation waits for the device; event queries cost
+the host time.
+
+Times are asserted as lower bounds, or as orders of magnitude apart (a
+host that runs ahead returns in well under a tenth of the device's time), so
+that a loaded machine cannot fail them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+acc = pytest.importorskip("dlop.testing.accelerator", reason="dlop.testing._accelerator is not built")
+
+OP_US = 20_000
+OP_S = OP_US / 1e6
+
+
+@pytest.fixture(autouse=True)
+def idle_device():
+    torch.accelerator.synchronize()
+    yield
+    torch.accelerator.synchronize()
+
+
+def timed_on_device(fn) -> tuple[float, float]:
+    """(host seconds for fn, device milliseconds between events around it)."""
+    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+    start.record()
+    t = time.perf_counter()
+    fn()
+    host = time.perf_counter() - t
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end)
+
+
+def test_operators_run_later_on_their_stream_and_the_host_runs_ahead():
+    x = torch.randn(32, 32)
+    d = x.to("dlop_test")
+    queued_before, _ = acc.compute_counts()
+    out = {}
+
+    def step():
+        y = d @ d
+        y.add_(1).relu_()
+        out["sum"] = (y * 2).sum()
+
+    with acc.timing(op_us=OP_US):
+        host, device_ms = timed_on_device(step)
+    assert acc.compute_counts()[0] - queued_before == 5
+    assert device_ms >= 5 * OP_US / 1e3 * 0.99
+    assert host < 5 * OP_S / 10
+    expected = ((x @ x + 1).relu() * 2).sum()
+    assert torch.allclose(out["sum"].cpu(), expected, rtol=1e-5)
+
+
+def test_an_operator_waits_for_its_stream_not_for_the_host():
+    d = torch.zeros(4, device="dlop_test")
+    with acc.timing(op_us=OP_US):
+        for _ in range(3):
+            d.add_(1)
+        assert not acc.current_stream().query()  # still running: the host did not wait
+        assert d.cpu().tolist() == [3.0] * 4  # a blocking copy waits for the stream
+
+
+def test_what_the_host_must_see_runs_at_once_after_the_stream():
+    d = torch.tensor([0.0, 2.0, 0.0, 5.0]).to("dlop_test")
+    _, immediate_before = acc.compute_counts()
+    with acc.timing(op_us=OP_US):
+        d.mul_(2)
+        assert d.sum().item() == 14.0  # item(): a number for the host
+        assert d.nonzero().flatten().tolist() == [1, 3]  # a shape that depends on the data
+    assert acc.compute_counts()[1] - immediate_before >= 2
+
+
+def test_convolution_and_matmul_cost_their_flops_at_the_configured_rate():
+    a = torch.randn(256, 256, device="dlop_test")
+    flops = 2 * 256**3
+    tflops = 0.005  # 6.7 ms for the product
+    with acc.timing(tflops=tflops):
+        _, device_ms = timed_on_device(lambda: a @ a)
+    assert device_ms >= flops / (tflops * 1e12) * 1e3 * 0.99
+    x = torch.randn(2, 3, 16, 16, device="dlop_test")
+    w = torch.randn(8, 3, 3, 3, device="dlop_test")
+    conv_flops = 2 * (2 * 8 * 14 * 14) * (3 * 3 * 3)
+    with acc.timing(tflops=conv_flops / 10e-3 / 1e12):  # 10 ms
+        _, device_ms = timed_on_device(lambda: torch.nn.functional.conv2d(x, w))
+    assert device_ms >= 9.9
+
+
+def test_two_streams_take_turns_on_the_compute_engine():
+    d = torch.ones(8, device="dlop_test")
+    side = acc.Stream()
+    with acc.timing(op_us=OP_US):
+        start = time.perf_counter()
+        for _ in range(3):
+            d.add(1)
+            with acc.stream(side):
+                d.mul(2)
+        torch.accelerator.synchronize()
+    assert time.perf_counter() - start >= 6 * OP_S * 0.99
+
+
+def test_copies_in_one_direction_take_turns_and_opposite_directions_overlap():
+    n = 1 << 20  # 4 MiB of float32: 20 ms at 0.2 GB/s
+    copy_s = 4 * n / 0.2e9
+    src = torch.ones(n).pin_memory()
+    dst = torch.empty(n).pin_memory()
+    on_device = [torch.empty(n, device="dlop_test") for _ in range(2)]
+    streams = [acc.Stream(), acc.Stream()]
+    with acc.timing(copy_gbps=0.2):
+        start = time.perf_counter()
+        for s, d in zip(streams, on_device):
+            with acc.stream(s):
+                d.copy_(src, non_blocking=True)
+        torch.accelerator.synchronize()
+        same_direction = time.perf_counter() - start
+
+        start = time.perf_counter()
+        with acc.stream(streams[0]):
+            on_device[0].copy_(src, non_blocking=True)
+        with acc.stream(streams[1]):
+            dst.copy_(on_device[1], non_blocking=True)
+        torch.accelerator.synchronize()
+        opposite = time.perf_counter() - start
+    assert same_direction >= 2 * copy_s * 0.99, same_direction
+    assert opposite < same_direction * 0.8, (opposite, same_direction)
+
+
+def test_pinned_allocation_waits_for_the_device():
+    d = torch.ones(4, device="dlop_test")
+    with acc.timing(op_us=3 * OP_US):
+        d.add_(1)
+        start = time.perf_counter()
+        torch.empty(16, pin_memory=True)
+        assert time.perf_counter() - start >= 3 * OP_S * 0.9
+        assert acc.current_stream().query()
+
+
+def test_an_event_query_costs_the_host_its_configured_time():
+    e = torch.Event()
+    e.record()
+    with acc.timing(query_us=2000):
+        start = time.perf_counter()
+        for _ in range(5):
+            e.query()
+        assert time.perf_counter() - start >= 5 * 0.002
+
+
+def test_high_priority_streams_are_told_apart():
+    assert acc.stream_priority(acc.Stream(priority=-1)) == -1
+    assert acc.stream_priority(acc.Stream()) == 0
+    assert acc.stream_priority(acc.default_stream()) == 0
+
+
+def test_an_error_on_the_stream_surfaces_at_the_next_wait():
+    code = (
+        "import torch, dlop.testing.accelerator\n"
+        "t = torch.randn(4, 2).to('dlop_test'); i = torch.tensor([7]).to('dlop_test')\n"
+        "r = torch.nn.functional.embedding(i, t)\n"  # queued: returns at once
+        "try:\n    r.cpu()\nexcept Exception as e:\n    print('raised:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "raised:" in done.stdout and "out of range" in done.stdout, done.stdout + done.stderr
+
+
+SHARED_STEP = (
+    "import sys, time, torch, dlop.testing.accelerator as acc\n"
+    "d = torch.ones(8, device='dlop_test'); acc.synchronize()\n"
+    "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+    "t = time.perf_counter()\n"
+    "for _ in range(10): d.add_(1)\n"
+    "acc.synchronize(); print(time.perf_counter() - t)\n"
+)
+
+
+def _two_processes(**env: str) -> list[float]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SHARED_STEP], env={**os.environ, "DLOP_TEST_DEVICE_OP_US": str(OP_US),
+                                                                     **env},
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    times = [float(p.communicate(timeout=120)[0].strip()) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    return times
+
+
+def test_processes_sharing_a_device_time_slice_its_compute():
+    share = f"test{os.getpid()}"
+    shared = _two_processes(DLOP_TEST_DEVICE_SHARE=share)
+    # Each process's 10 operators of 20 ms take 200 ms alone; sharing, the
+    # later of the two finishes after both processes' 400 ms.
+    assert max(shared) >= 20 * OP_S * 0.95
+    for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
+        if name.startswith(f"dlop_test-{share}-"):
+            os.unlink(os.path.join("/dev/shm", name))
+
+
+def test_a_bad_share_name_fails_the_import():
+    done = subprocess.run([sys.executable, "-c", "import dlop.testing.accelerator"], capture_output=True, text=True,
+                          env={**os.environ, "DLOP_TEST_DEVICE_SHARE": "a/b"}, timeout=120)
+    assert done.returncode != 0 and "DLOP_TEST_DEVICE_SHARE=a/b" in done.stderr

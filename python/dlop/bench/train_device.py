@@ -55,7 +55,6 @@ from dlop.bench.train_device_models import MODELS
 ROWS = ("synthetic", "stock", "stock_all_cores", "gpu_decode", "dlop_offload", "dlop_run")
 DEFAULTS = {"image": {"batch": 64, "classes": 0}, "video": {"batch": 8, "classes": 157},
             "audio": {"batch": 32, "classes": 0}}
-ROW_TIMEOUT_S = 600
 
 
 def parse_cpus(text: str) -> list[int]:
@@ -222,17 +221,22 @@ def stop(procs: list) -> None:
             p.wait()
 
 
-def run_process(argv: list[str], env: dict, cores: list[int], log_path: Path, what: str) -> None:
+def run_process(argv: list[str], env: dict, cores: list[int], log_path: Path, what: str, timeout: float) -> None:
     with open(log_path, "a") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=lambda: os.sched_setaffinity(0, cores))
         try:
-            code = proc.wait(timeout=ROW_TIMEOUT_S)
+            code = proc.wait(timeout=timeout + 30)  # the process dumps its stacks and exits at `timeout`
         except subprocess.TimeoutExpired:
             stop([proc])
             code = "timeout"
     if code != 0:
         raise RuntimeError(f"{what}: exited {code}\n{log_path.read_text()[-3000:]}")
+
+
+def row_timeout(args) -> float:
+    """Seconds a row may take, start-up and warm-up included, before its process reports where it hangs."""
+    return 120 + 5 * (args.seconds + args.probe_seconds * 3 if not args.steps else 2 * args.steps)
 
 
 def rank_env(args) -> dict:
@@ -262,9 +266,9 @@ def run_row(args, row: str, base: dict, cores: dict, workdir: Path) -> dict:
         if row == "dlop_run":
             argv = [sys.executable, "-m", "dlop.run", "--local-offloaders", str(len(cores["offloader"])), "--",
                     *rank, json.dumps(spec)]
-            run_process(argv, env, cores["offloader"], log_path, row)  # the rank confines itself to its cores
+            run_process(argv, env, cores["offloader"], log_path, row, spec["timeout_s"])  # the rank pins itself
         else:
-            run_process(rank + [json.dumps(spec)], env, spec["cores"], log_path, row)
+            run_process(rank + [json.dumps(spec)], env, spec["cores"], log_path, row, spec["timeout_s"])
     finally:
         stop(daemons)
     return json.loads(out.read_text())
@@ -279,7 +283,7 @@ def probe_workers(args, base: dict, cores: list[int], workdir: Path, setting: st
     out = workdir / f"probe_{label}.json"
     spec = dict(base, row="stock", out=str(out), cores=cores, probe=counts, seconds=args.probe_seconds)
     run_process([sys.executable, "-m", "dlop.bench.train_device_rank", json.dumps(spec)], rank_env(args), cores,
-                workdir / f"probe_{label}.log", f"worker probe ({label})")
+                workdir / f"probe_{label}.log", f"worker probe ({label})", spec["timeout_s"])
     rates = {int(k): v for k, v in json.loads(out.read_text())["probe"].items()}
     return max(rates, key=rates.get), rates
 
@@ -313,7 +317,7 @@ def main(argv=None) -> int:
             "autocast": "bf16" if args.autocast == "bf16" or (args.autocast == "auto" and cuda) else "off",
             "channels_last": args.channels_last == "on" or (args.channels_last == "auto" and cuda),
             "video_reader": data.video_reader(), "offload_path": offload_path(args, notes), "offloaders": [],
-            "token": ""}
+            "token": "", "timeout_s": row_timeout(args)}
     if args.kind == "video" and base["video_reader"] is None:
         raise SystemExit("--kind video: the stock rows read clips with PyAV or OpenCV, and neither imports here")
     stock_rows = {"stock", "dlop_run", "gpu_decode"} & set(rows_to_run)

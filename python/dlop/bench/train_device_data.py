@@ -161,9 +161,10 @@ class VideoClips:
             stream.codec_context.thread_count = 1
             rate, base, first = stream.average_rate, stream.time_base, stream.start_time or 0
             wanted = self._positions(stream.frames or int(stream.duration * base * rate))
-            got = PyAVClips._decode(None, container, stream, wanted, rate, base, first)
+            reader = PyAVClips([])
+            got = reader._decode(container, stream, wanted, rate, base, first)
             if len(got) < len(set(wanted)):  # the seek landed after the first frame: decode from the start
-                got = PyAVClips._decode(None, container, stream, wanted, rate, base, first, from_start=True)
+                got = reader._decode(container, stream, wanted, rate, base, first, from_start=True)
             return np.stack([got[k] for k in wanted])
 
     def _frames_opencv(self, path: str):

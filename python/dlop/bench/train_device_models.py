@@ -76,8 +76,8 @@ def build(name: str, kind: str, classes: int, mels: int = 80):
         return nn.Sequential(nn.Conv2d(3, 16, 5, stride=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
     if name == "tiny_3d":
-        return nn.Sequential(nn.Conv3d(3, 16, (3, 5, 5), stride=(1, 2, 2)), nn.ReLU(),
-                             nn.Conv3d(16, 32, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(),
+        return nn.Sequential(nn.Conv3d(3, 16, (3, 5, 5), stride=(1, 2, 2), padding=(1, 2, 2)),
+                             nn.ReLU(), nn.Conv3d(16, 32, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(),
                              nn.Linear(32, classes))
     if name == "tiny_audio":
         return AudioTransformer.build(mels, classes, width=32, layers=1, heads=2)

@@ -15,6 +15,7 @@ event of the step before last.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -270,9 +271,9 @@ def train(spec: dict, device, batches, pids_offloaders) -> dict:
             "offloader_cpu_s": offloader_cpu, "loss": float(loss), "warmup": spec["warmup"]}
 
 
-def probe(spec: dict, device) -> dict:
-    """samples/s of the stock DataLoader alone (loading and upload, no model) per worker count in spec["probe"]:
-    the driver keeps the fastest."""
+def probe(spec: dict) -> dict:
+    """samples/s of the stock DataLoader alone (loading and pinning, no device, no model) per worker count in
+    spec["probe"]: the driver keeps the fastest."""
     rates = {}
     for workers in spec["probe"]:
         loader = stock_loader(spec, workers)
@@ -280,39 +281,38 @@ def probe(spec: dict, device) -> dict:
         next(batches)
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < spec["seconds"]:
-            to_input(spec, next(batches), device)
+            next(batches)
             n += spec["batch"]
-        if device.type != "cpu":
-            torch_module(device).synchronize()
         rates[workers] = n / (time.perf_counter() - t0)
         del batches, loader  # persistent workers end here
     return {"probe": rates}
 
 
-def torch_module(device):
-    import torch
-
-    return torch.get_device_module(device.type)
-
-
 def main(spec: dict) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(spec["timeout_s"], exit=True)  # a hung row says where it hangs
     os.sched_setaffinity(0, spec["cores"])  # before torch starts threads: they and every worker inherit it
     import torch
 
     torch.set_num_threads(len(spec["cores"]))
-    device = use_device(spec["device"])
     if spec.get("probe"):
-        result = probe(spec, device)
+        result = probe(spec)
     else:
+        loader = None
+        if spec["row"] not in ("synthetic", "dlop_offload"):
+            # The workers fork at the first batch: before the device's threads run, as a fork while they hold
+            # a lock can leave a worker waiting for it forever (seen on dlop_test with two video workers).
+            loader = stock_loader(spec, spec["workers"])
+            batches = epochs(loader)
+            batches = itertools.chain([next(batches)], batches)
+        device = use_device(spec["device"])
         pinned = PinnedPeak(device)
         if spec["row"] == "synthetic":
             fixed = synthetic_batch(spec, device)
             batches = iter(lambda: fixed, None)
         elif spec["row"] == "dlop_offload":
             batches = epochs(offload_loader(spec, device))
-        else:
-            loader = stock_loader(spec, spec["workers"])
-            batches = epochs(loader)
         result = train(spec, device, batches, lambda: offloader_pids(spec))
         if spec["row"] in ("stock", "stock_all_cores", "dlop_run"):
             # Under `dlop run` the loader's iteration went to dlop (dlop.run_loaders): say whether it offloaded.

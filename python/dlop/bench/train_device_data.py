@@ -72,7 +72,7 @@ class JpegFiles:
         from PIL import Image
 
         with Image.open(path) as im:
-            return torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1).contiguous(), label
+            return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous(), label
 
 
 def list_collate(batch):

@@ -302,6 +302,8 @@ def main(spec: dict) -> None:
         result = probe(spec)
     else:
         loader = None
+        if spec["device"].split(":")[0] == "dlop_test":
+            import dlop.testing.accelerator  # noqa: F401  (registered, so that pin_memory pins for it; no thread yet)
         if spec["row"] not in ("synthetic", "dlop_offload"):
             # The workers fork at the first batch: before the device's threads run, as a fork while they hold
             # a lock can leave a worker waiting for it forever (seen on dlop_test with two video workers).

@@ -87,10 +87,13 @@ for kind in ${KINDS:-image video}; do
   fi
 done
 {
-  echo "# train_gpu at $REV"
+  echo "# train_gpu at $REV, $(date -u +%Y-%m-%d)"
   echo
-  echo "Run by \`scripts/gpu_headline.sh\` (DEV=$DEV, K=$K, ROW_SECONDS=$ROW_SECONDS, SIZE=$SIZE) on the machine in"
-  echo "machine.txt; each kind's table, ratios and plot are in <kind>/train_device.md, its rows in <kind>.json."
+  echo "Command: \`DEV=$DEV K=$K ROW_SECONDS=$ROW_SECONDS SIZE=$SIZE KINDS=\"${KINDS:-image video}\" scripts/gpu_headline.sh\`"
+  echo
+  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(grep '^gpu:' "$OUT/machine.txt" || echo "no GPU")"
+  echo
+  echo "Each kind's table, ratios and plot are in <kind>/train_device.md, its rows in <kind>.json, its output in <kind>.txt."
 } >"$OUT/run.md"
 echo "results in $OUT after $(($(date +%s) - START)) s"
 exit $status

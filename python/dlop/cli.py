@@ -1,6 +1,7 @@
 """The `dlop` command: one entry for dlop's tools.
 
-    dlop make-dataset OUT [--kind image|video|audio --classes N --per-class N --seed S]
+    dlop make-dataset OUT [--kind image|video|audio --classes N --per-class N --seed S --jobs N]
+                          [--size WxH --quality Q]  [--seconds S --fps F --codec h264 --gop-seconds MIN,MAX]
     dlop pack ROOT OUT.dlrec [--kind image|video|audio]
     dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --offloaders-dns NAME:PORT[,...] | --discover]
              [--token-file F] [--wait S] -- COMMAND...              (in a SLURM het job: no flags)

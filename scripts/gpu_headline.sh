@@ -25,12 +25,12 @@ PY=${PYTHON:-python3}
 DEV=${DEV:-cuda}
 SIZE=${SIZE:-full}
 if [[ ${1:-} == --prepare ]]; then
-  # 64 clips of 10 s, 480x270, H.264 with B-frames and a keyframe every 2-10 s: about 25 MB.
+  # 64 clips of 10 s, 480x270, H.264 with B-frames and a keyframe every 2-10 s, at most 300 kbit/s: under 25 MB.
   mkdir -p .gpu_data
   grep -qxF '/.gpu_data/' .git/info/exclude 2>/dev/null || echo '/.gpu_data/' >>.git/info/exclude
   rm -rf .gpu_data/video
   "$PY" -m dlop.data.make_dataset .gpu_data/video --kind video --classes 8 --per-class 8 --size 480x270 \
-    --seconds 10 --fps 30 --codec h264 --gop-seconds 2,10 --jobs "$(nproc)" || exit 1
+    --seconds 10 --fps 30 --codec h264 --gop-seconds 2,10 --kbps 300 --jobs "$(nproc)" || exit 1
   du -sh .gpu_data
   exit 0
 fi

@@ -24,7 +24,7 @@ pytest.importorskip("matplotlib")
 
 from dlop.bench import train, train_device, train_device_report  # noqa: E402
 
-pytestmark = pytest.mark.long_file(seconds=60)
+pytestmark = pytest.mark.long_file(seconds=80)
 
 # Per step the tiny CNN costs the device about 20 ms at these rates (above what the test device's emulation
 # costs the trainer's core), and one core decodes and crops a batch of 8 800x600 JPEGs in about 70 ms: stock is
@@ -116,3 +116,27 @@ def test_make_dataset_size_and_quality(tmp_path):
             assert im.size == (200, 150)
     with pytest.raises(SystemExit):
         make_dataset([str(tmp_path / "e"), "--size", "200by150"])
+
+
+def test_video_rows_on_the_test_device(tmp_path, monkeypatch):
+    """Clips and a 3D CNN: the offloaded row trains from dlop's native video pipeline with multi-hot targets
+    from the Charades-like manifest, and gpu_decode is absent with the reason (dlop_test has no decoder)."""
+    import shutil
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("the clips are made with the ffmpeg command-line tool")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the built-in clips, made here
+    out = tmp_path / "rows.json"
+    assert train.main(["--device", "dlop_test", "--kind", "video", "--samples", "8", "--clip-size", "128x72",
+                       "--clip-seconds", "2", "--trainer-cores", "1", "--model", "tiny_3d", "--classes", "10",
+                       "--frames", "4", "--short-side", "40,48", "--crop", "32", "--batch", "4", "--steps", "4",
+                       "--warmup", "1", "--rows", "synthetic,gpu_decode,dlop_offload", *COST_MODEL,
+                       "--offloader", offloader(), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    header, rows = got["header"], got["rows"]
+    assert [r["row"] for r in rows] == ["synthetic", "dlop_offload"]
+    assert "no video decoder" in header["absent"]["gpu_decode"]
+    assert header["classes"] == 10 and header["offload_path"] in ("native", "python")
+    for r in rows:
+        assert r["steps"] == 4 and all(math.isfinite(r[k]) for k in train_device_report.COLUMNS), r
+        assert math.isfinite(r["loss"]) and r["loss"] > 0, r

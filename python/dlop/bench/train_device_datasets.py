@@ -33,7 +33,7 @@ def builtin(args) -> str:
         name = f"train-device-image-{classes}x{per_class}-{args.image_size}"
     elif kind == "video":
         options += ["--size", args.clip_size, "--seconds", f"{args.clip_seconds:g}", "--codec", "h264",
-                    "--gop-seconds", "2,10"]
+                    "--gop-seconds", "2,10", "--kbps", "300"]
         name = f"train-device-video-{classes}x{per_class}-{args.clip_size}-{args.clip_seconds:g}s"
     else:
         name = f"train-device-audio-{classes}x{per_class}"

@@ -2,7 +2,7 @@
 
     python -m dlop.data.make_dataset OUT [--kind image|video|audio] [--classes N] [--per-class N] [--seed 0]
         [--size WxH] [--quality Q] [--jobs N]                        (images; --size also for video)
-        [--seconds S] [--fps F] [--codec mix|h264] [--gop-seconds MIN,MAX]   (video)
+        [--seconds S] [--fps F] [--codec mix|h264] [--gop-seconds MIN,MAX] [--kbps K]   (video)
 
 ``--kind video`` and ``--kind audio`` write the built-in video and audio
 sets instead (dlop.data.make_video, dlop.data.make_audio: real codecs made
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codec", choices=("mix", "h264"), default="mix",
                         help="video: a mix of codecs and containers, or H.264 in mp4 with two B-frames")
     parser.add_argument("--gop-seconds", help="video: MIN,MAX seconds between keyframes, drawn per clip")
+    parser.add_argument("--kbps", type=int, help="video: a cap on the bit rate, kbit/s")
     args = parser.parse_args(argv)
     try:
         size = parse_size(args.size)
@@ -194,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: at least 1")
-    video_only = [n for n in ("seconds", "fps", "gop_seconds") if getattr(args, n) is not None]
+    video_only = [n for n in ("seconds", "fps", "gop_seconds", "kbps") if getattr(args, n) is not None]
     if args.kind != "video" and (video_only or args.codec != "mix"):
-        parser.error("--seconds, --fps, --codec and --gop-seconds are options of --kind video")
+        parser.error("--seconds, --fps, --codec, --gop-seconds and --kbps are options of --kind video")
     if args.kind != "image" and args.quality is not None:
         parser.error("--quality is an option of --kind image")
     start = time.perf_counter()
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
         paths = make_video_dataset(args.out, args.classes or 4, args.per_class or 4, seed=args.seed, size=size,
                                    seconds=args.seconds, fps=args.fps, codec=args.codec, gop_seconds=gop,
-                                   jobs=args.jobs)
+                                   jobs=args.jobs, kbps=args.kbps)
         print(f"{len(paths)} video clips in {args.out} ({time.perf_counter() - start:.1f} s)")
         return 0
     args.classes, args.per_class = args.classes or 10, args.per_class or 100

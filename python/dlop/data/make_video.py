@@ -15,8 +15,8 @@ each takes well under a second to make.
 The options make training-sized clips instead: ``--size`` (every clip that
 size), ``--seconds``, ``--fps``, ``--codec h264`` (H.264 in mp4 with two
 B-frames, constant frame rate, for every clip) and ``--gop-seconds MIN,MAX``
-(seconds between keyframes, drawn per clip); ``--jobs`` encodes that many
-clips at once.
+(seconds between keyframes, drawn per clip), ``--kbps`` (a cap on the bit
+rate); ``--jobs`` encodes that many clips at once.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _source(kind: str, width: int, height: int, fps: int, rng: random.Random) ->
 
 
 def _clip_command(path: Path, muxer: str, codec: Sequence[str], cls: int, num_classes: int, rng: random.Random,
-                  odd: bool, vfr: bool, size=None, seconds=None, fps=None, gop_seconds=None) -> list[str]:
+                  odd: bool, vfr: bool, size=None, seconds=None, fps=None, gop_seconds=None,
+                  kbps=None) -> list[str]:
     kind = rng.choice(("testsrc2", "mandelbrot", "smptebars", "life"))
     fps = fps or rng.choice((24, 25, 30))
     width, height = (161, 121) if odd else rng.choice(((160, 120), (192, 144), (128, 96)))
@@ -73,6 +74,8 @@ def _clip_command(path: Path, muxer: str, codec: Sequence[str], cls: int, num_cl
         filters += ["settb=1/1000", f"setpts='(N*{1000 // fps}+if(mod(N\\,5)\\,0\\,{late}))/1000/TB'"]
         timing = ["-fps_mode", "vfr", "-enc_time_base", "1/1000"]
     gop_args = ["-g", str(gop)]
+    if kbps:  # a cap on the bit rate: noisy sources (the game of life) would otherwise take megabits
+        gop_args += ["-maxrate", f"{kbps}k", "-bufsize", f"{2 * kbps}k"]
     if codec[1] == "libx265":
         gop_args = ["-x265-params", f"log-level=error:keyint={gop}:bframes=2"]
     return ["ffmpeg", "-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
@@ -83,11 +86,12 @@ def _clip_command(path: Path, muxer: str, codec: Sequence[str], cls: int, num_cl
 def make_video_dataset(root: str | os.PathLike, classes: int | Sequence[str] = 4, clips_per_class: int = 4,
                        seed: int = 0, size: tuple[int, int] | None = None, seconds: float | None = None,
                        fps: int | None = None, codec: str = "mix", gop_seconds: tuple[float, float] | None = None,
-                       jobs: int = 1) -> list[Path]:
+                       jobs: int = 1, kbps: int | None = None) -> list[Path]:
     """Writes ``root/<class>/clip<i>.<ext>`` for each class (a count, named class0, class1, ...; or names) and
     returns the paths written. Each file is written beside its final name and renamed, so an interrupted run leaves
     no partial clip under a clip's name. `size` (W, H), `seconds`, `fps`, `codec` ("mix" or "h264") and
-    `gop_seconds` (MIN, MAX) as the module's docstring says; `jobs` ffmpeg processes at once."""
+    `gop_seconds` (MIN, MAX) as the module's docstring says; `jobs` ffmpeg processes at once; `kbps` caps the
+    bit rate (kbit/s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if shutil.which("ffmpeg") is None:
@@ -110,7 +114,7 @@ def make_video_dataset(root: str | os.PathLike, classes: int | Sequence[str] = 4
         odd = encoder[1] == "libvpx-vp9" and size is None
         vfr = codec == "mix" and (cls * clips_per_class + i) % 7 == 6
         command = _clip_command(partial, muxer, encoder, cls, len(names), rng, odd=odd, vfr=vfr, size=size,
-                                seconds=seconds, fps=fps, gop_seconds=gop_seconds)
+                                seconds=seconds, fps=fps, gop_seconds=gop_seconds, kbps=kbps)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             partial.unlink(missing_ok=True)
@@ -137,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--codec", choices=("mix", "h264"), default="mix")
     parser.add_argument("--gop-seconds", help="MIN,MAX seconds between keyframes")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--kbps", type=int, help="a cap on the bit rate, kbit/s")
     args = parser.parse_args(argv)
     from dlop.data.make_dataset import parse_size
 
@@ -146,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     paths = make_video_dataset(args.out, args.classes, args.clips_per_class, args.seed, size=size,
-                               seconds=args.seconds, fps=args.fps, codec=args.codec, gop_seconds=gop, jobs=args.jobs)
+                               seconds=args.seconds, fps=args.fps, codec=args.codec, gop_seconds=gop, jobs=args.jobs,
+                               kbps=args.kbps)
     print(f"{len(paths)} clips in {args.out}")
     return 0
 

@@ -302,7 +302,7 @@ def main(argv=None) -> int:
 
         args.offloader_exe = offloader_path(args.offloader)
     workdir = Path(tempfile.mkdtemp(prefix="dlop-bench-train-device-"))
-    source = args.data or builtin(args)
+    source = os.path.abspath(args.data) if args.data else builtin(args)
     classes = args.classes or DEFAULTS[args.kind]["classes"]
     if args.kind == "video":
         source = data.write_charades_manifest(source, str(workdir / "manifest.csv"), classes or 157)

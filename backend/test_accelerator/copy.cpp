@@ -5,9 +5,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <mutex>
+#include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -79,6 +82,22 @@ at::Tensor host_alias(const at::Tensor& t) {
       .make_tensor();
 }
 
+void resize_storage(c10::StorageImpl& storage, size_t bytes) {
+  const auto index = storage.device().index();
+  const c10::DeviceGuard guard(storage.device());
+  const auto kept = std::min(bytes, storage.nbytes());
+  auto old = std::make_shared<c10::DataPtr>(storage.set_data_ptr(storage.allocator()->allocate(bytes)));
+  storage.set_nbytes(bytes);
+  if (kept > 0) {
+    worker(current_stream(index)).enqueue([old, to = storage.mutable_data(), kept] {
+      std::memcpy(to, old->get(), kept);
+    });
+  }
+  for (auto* w : stream_workers(index)) {
+    w->enqueue([old] {});  // the last of these frees the old memory
+  }
+}
+
 bool HostCopyScope::active() {
   return tls_host_copies;
 }
@@ -129,12 +148,17 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     src_ready.block(stream);
   }
 
+  // The copy rate is the link's: a copy within the device moves at the
+  // device memory's speed, which the model counts as free (but still late).
   Engine* copy_engine = nullptr;
+  auto copy_timing = timing();
   if (src.is_cpu() || dst.is_cpu()) {
     copy_engine = &engine(index, to_device ? EngineKind::kToDevice : EngineKind::kToHost);
+  } else {
+    copy_timing.copy_gbps = 0;
   }
   const auto position = w.enqueue(
-      QueuedCopy{host_alias(src), host_alias(dst), {src.storage(), dst.storage()}, timing(), copy_engine});
+      QueuedCopy{host_alias(src), host_alias(dst), {src.storage(), dst.storage()}, copy_timing, copy_engine});
 
   if (other) {
     Event copied;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
 
 namespace dlop::test_accelerator {
 
@@ -18,6 +19,13 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
 // host memory); a CPU tensor as it is. The view's storage is resizable: growing
 // it moves it to new CPU memory and leaves the device memory as it was.
 at::Tensor on_host(const at::Tensor& t);
+
+// Gives a storage `bytes` of new memory without waiting for the device, as a
+// stream-ordered allocator does: the old bytes that fit are copied over on
+// the current stream after the work queued there, and the old memory is
+// freed once every stream of the device has run what it had queued (which
+// may still read it).
+void resize_storage(c10::StorageImpl& storage, size_t bytes);
 
 // While one is alive on a thread, that thread's copies run at once on the
 // host instead (the CPU fallback, which has synchronised the streams first).

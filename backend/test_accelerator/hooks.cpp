@@ -2,14 +2,13 @@
 // at::globalContext() (availability, current device, pinned memory for
 // pin_memory()/is_pinned(), storage resizing).
 #include "allocators.hpp"
+#include "copy.hpp"
 #include "stream_runtime.hpp"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 
-#include <algorithm>
-#include <cstring>
 
 namespace dlop::test_accelerator {
 namespace {
@@ -38,20 +37,12 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return *device;
   }
 
-  // Storage.resize_() of a dlop_test storage: new memory, the old bytes
-  // copied once the device's queued work (which may use them) has run.
+  // Storage.resize_() of a dlop_test storage (FSDP frees and refills its
+  // unsharded parameters so): no wait for the device (copy.hpp).
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "dlop_test: this storage cannot be resized");
-    const c10::DeviceGuard guard(impl->device());
-    synchronize_device(impl->device().index());
-    auto data = impl->allocator()->allocate(bytes);
-    const auto kept = std::min(bytes, impl->nbytes());
-    if (kept > 0) {
-      std::memcpy(data.get(), impl->data(), kept);
-    }
-    impl->set_data_ptr_noswap(std::move(data));
-    impl->set_nbytes(bytes);
+    resize_storage(*impl, bytes);
   }
 };
 

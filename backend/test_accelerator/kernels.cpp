@@ -64,8 +64,8 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
   return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
-// Growing may move the data to new memory: first let the queued copies that
-// use the old memory finish.
+// Growing gives the storage new memory without waiting for the device
+// (copy.hpp); then torch's resize finds room and only sets the shape.
 const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
                          std::optional<at::MemoryFormat> memory_format) {
   const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
@@ -73,7 +73,12 @@ const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
     return self;
   }
   const c10::DeviceGuard guard(self.device());
-  synchronize_device(self.device().index());
+  auto* storage = self.storage().unsafeGetStorageImpl();
+  const auto needed = at::detail::computeStorageNbytesContiguous(sizes, self.dtype().itemsize(),
+                                                                 static_cast<size_t>(self.storage_offset()));
+  if (needed > storage->nbytes() && storage->resizable()) {
+    resize_storage(*storage, needed);
+  }
   return at::native::resize_(self, sizes, memory_format);
 }
 

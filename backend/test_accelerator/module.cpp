@@ -84,6 +84,7 @@ PYBIND11_MODULE(_accelerator, m) {
       },
       "Changes the timing of the work queued from now on (delay_us, copy_gbps, op_us, tflops, query_us); "
       "returns the previous settings as a dict.");
+  m.def("host_waits", [] { return ta::host_waits(); });
   m.def("compute_counts", [] {
     const auto c = ta::compute_counts();
     return std::make_tuple(c.queued, c.immediate);

@@ -67,6 +67,7 @@ Settings& settings() {
 
 thread_local c10::DeviceIndex tls_device = 0;
 thread_local bool tls_stream_worker = false;
+thread_local uint64_t tls_host_waits = 0;
 // The calling thread's current stream id per device; 0 (default) until set.
 thread_local std::vector<c10::StreamId> tls_streams;
 
@@ -306,6 +307,9 @@ bool StreamWorker::passed(uint64_t position) const {
 }
 
 void StreamWorker::wait_passed(uint64_t position) const {
+  if (!tls_stream_worker) {
+    ++tls_host_waits;
+  }
   std::unique_lock lock(mutex_);
   task_done_.wait(lock, [&] { return done_ >= position; });
   if (error_) {
@@ -392,11 +396,20 @@ c10::Stream exchange_stream(const c10::Stream& stream) {
   return previous;
 }
 
+std::vector<StreamWorker*> stream_workers(c10::DeviceIndex index) {
+  check_device(index);
+  return registry().workers(index);
+}
+
 void synchronize_device(c10::DeviceIndex index) {
   check_device(index);
   for (auto* w : registry().workers(index)) {
     w->wait_passed(w->last_queued());
   }
+}
+
+uint64_t host_waits() noexcept {
+  return tls_host_waits;
 }
 
 bool on_stream_worker() noexcept {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace dlop::test_accelerator {
 
@@ -122,9 +123,15 @@ int stream_priority(const c10::Stream& stream);
 // exchanged); exchange_stream returns the previous one.
 c10::Stream current_stream(c10::DeviceIndex index);
 c10::Stream exchange_stream(const c10::Stream& stream);
+// The workers of a device's streams made so far.
+std::vector<StreamWorker*> stream_workers(c10::DeviceIndex index);
 // Blocks the host until everything queued on the streams of a device so far
 // has run.
 void synchronize_device(c10::DeviceIndex index);
+// How many times the calling thread blocked until a stream had run its work
+// (synchronize, a blocking copy, an operator that runs at once): a host that
+// should run ahead of its device never does.
+uint64_t host_waits() noexcept;
 // Whether the calling thread is a stream's worker (which must never wait for
 // its own device).
 bool on_stream_worker() noexcept;

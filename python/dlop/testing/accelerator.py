@@ -60,6 +60,7 @@ __all__ = [
     "default_stream",
     "device",
     "device_count",
+    "host_waits",
     "init",
     "is_available",
     "is_initialized",
@@ -251,6 +252,12 @@ def timing(**settings: float | None) -> Iterator[None]:
 def compute_counts() -> tuple[int, int]:
     """Operators this process queued on streams, and operators that ran at once on the host."""
     return _C.compute_counts()
+
+
+def host_waits() -> int:
+    """How many times the calling thread has blocked until a stream ran its work
+    (synchronize, a blocking copy, an operator that must run at once)."""
+    return _C.host_waits()
 
 
 def stream_priority(s: torch.Stream) -> int:

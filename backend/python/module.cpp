@@ -1,5 +1,6 @@
 // dlop._C: the extension module. Each area binds its own part.
 #include "bindings.hpp"
+#include "core/trace.hpp"
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dlop's native parts: the c10d backend and the offloaded data pipeline";
@@ -9,4 +10,5 @@ PYBIND11_MODULE(_C, m) {
   dlop::python::bind_media(m);
   dlop::python::bind_data_pacer(m);
   dlop::python::bind_offload_loader(m);
+  m.def("_trace_flush", &dlop::trace::flush, "writes DLOP_TRACE's file now (benchmarks read it in the same process)");
 }

@@ -10,14 +10,13 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "backend/torch_error.hpp"
 #include "backend/work_dlop.hpp"
+#include "core/log.hpp"
+#include "stream_waiter.hpp"
 
 namespace dlop::backend {
 namespace {
@@ -39,9 +38,11 @@ class PinnedPool {
       if (!free.empty()) {
         buffer = std::move(free.back());
         free.pop_back();
+        ++served_;
       }
     }
     if (!buffer.defined()) {
+      warn_if_warm(size);
       auto* allocator = at::globalContext().getPinnedMemoryAllocator(type_);
       buffer = at::detail::empty_generic({static_cast<int64_t>(size)}, allocator,
                                          c10::DispatchKeySet(c10::DispatchKey::CPU), at::kByte, std::nullopt);
@@ -57,61 +58,27 @@ class PinnedPool {
   }
 
  private:
+  // Pinning memory synchronises the device (cudaHostAlloc does): once the
+  // pool has served its warm-up, a miss stalls a step, which is worth a
+  // warning, once.
+  void warn_if_warm(std::size_t size) {
+    std::lock_guard lock(mutex_);
+    ++misses_;
+    if (served_++ < kWarmUpLeases || warned_) return;
+    warned_ = true;
+    log().warn("dlop: the pinned staging pool for {} had no free {} KiB buffer after {} leases ({} allocated): "
+               "pinning memory synchronises the device, so the step that asked for it stalled; more tensors are in "
+               "flight at once than before (this is said once)",
+               c10::DeviceTypeName(type_), size >> 10, served_, misses_);
+  }
+  static constexpr std::uint64_t kWarmUpLeases = 256;
+
   c10::DeviceType type_;
   std::mutex mutex_;
   std::map<std::size_t, std::vector<at::Tensor>> free_;
-};
-
-// Holds what staged calls still use until their end events pass, polling
-// them (a device's blocking event wait may spin a core): the caller need not
-// keep its Work, and a pinned buffer goes back to its pool only once no copy
-// can touch it.
-class Retirer {
- public:
-  static Retirer& instance() {
-    static auto* retirer = new Retirer();  // never destroyed: leases may be dropped at exit
-    return *retirer;
-  }
-  void retire(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers) {
-    {
-      std::lock_guard lock(mutex_);
-      pending_.push_back({std::move(done), std::move(buffers)});
-    }
-    wake_.notify_one();
-  }
-
- private:
-  struct Pending {
-    std::function<bool()> done;
-    std::shared_ptr<StagedBuffers> buffers;
-  };
-  Retirer() {
-    std::thread([this] { run(); }).detach();  // lives as long as the process, like the pools it feeds
-  }
-  void run() {
-    pthread_setname_np(pthread_self(), "dlop-retire");
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return !pending_.empty(); });
-      // Calls end in the order their copies were queued on one stream: the
-      // first one not done holds the rest.
-      while (!pending_.empty() && pending_.front().done()) {
-        auto done = std::move(pending_.front());
-        pending_.pop_front();
-        lock.unlock();
-        done = {};
-        lock.lock();
-      }
-      if (!pending_.empty()) {
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-        lock.lock();
-      }
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Pending> pending_;
+  std::uint64_t served_ = 0;  // mutex_: misses and hits after warm-up counting
+  std::uint64_t misses_ = 0;  // mutex_
+  bool warned_ = false;       // mutex_
 };
 
 thread_local std::shared_ptr<const sched::ReadyEvent> t_scope_ready;
@@ -149,7 +116,11 @@ InternalStreams internal_streams(c10::Device device) {
   auto it = streams.find(key);
   if (it == streams.end()) {
     const c10::impl::VirtualGuardImpl impl(device.type());
-    it = streams.emplace(key, InternalStreams{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device)})
+    // High priority, as Gloo's: the copies of a step's collectives go ahead of
+    // kernels queued on low-priority streams.
+    it = streams
+             .emplace(key, InternalStreams{impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true),
+                                           impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true)})
              .first;
   }
   return it->second;
@@ -169,57 +140,61 @@ std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes
   return pool->acquire(bytes);
 }
 
-namespace {
-// A copy out waits for the caller's stream to reach the call, which on a GPU
-// is often many kernels behind the thread that launched them. The engine asks
-// ready() at each of its passes, and each query is a driver call competing
-// with that thread's kernel launches: asked at every pass (millions of times
-// a second), DDP on one H100 shared by two ranks ran at 0.62x the images/s of
-// the same run delegated to Gloo. So the device is asked at once, then at
-// intervals doubling up to the longest, which is all a late copy can add to
-// its call.
-constexpr std::int64_t kFirstQueryIntervalNs = 16'000;
-constexpr std::int64_t kLongestQueryIntervalNs = 256'000;
-
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+std::shared_ptr<const StreamEvent> StreamEvent::record(c10::Device device, const c10::Stream& stream) {
+  auto event = std::make_shared<const StreamEvent>(device, stream);
+  when_passed(stream, event->event_, [event] { event->mark_passed(); });
+  return event;
 }
-}  // namespace
 
 StreamEvent::StreamEvent(c10::Device device, const c10::Stream& stream)
-    : event_(device.type()),
-      what_(fmt::format("the copy of its inputs from {} (stream {})", device.str(), stream.id())),
-      interval_ns_(kFirstQueryIntervalNs) {
-  event_.record(stream);
+    : event_(std::make_shared<c10::Event>(device.type())),
+      what_(fmt::format("the copy of its inputs from {} (stream {})", device.str(), stream.id())) {
+  event_->record(stream);
+}
+
+void StreamEvent::mark_passed() const {
+  std::function<void()> wake;
+  {
+    std::lock_guard lock(mutex_);
+    passed_at_.store(Clock::now());
+    passed_.store(true, std::memory_order_release);
+    wake.swap(wake_);
+  }
+  if (wake) wake();
 }
 
 bool StreamEvent::ready() const {
-  if (passed_.load(std::memory_order_acquire)) return true;
-  const std::int64_t now = steady_ns();
-  if (now < next_query_ns_.load(std::memory_order_relaxed)) return false;
-  if (event_.query()) {
-    passed_.store(true, std::memory_order_release);
-    return true;
+  if (!passed_.load(std::memory_order_acquire)) return false;
+  if (started_at_.load() == Clock::time_point{}) started_at_.store(Clock::now());
+  return true;
+}
+
+bool StreamEvent::notify_when_ready(std::function<void()> wake) const {
+  {
+    std::lock_guard lock(mutex_);
+    if (!passed_.load(std::memory_order_acquire)) {
+      wake_ = std::move(wake);
+      return true;
+    }
   }
-  const std::int64_t interval = interval_ns_.load(std::memory_order_relaxed);
-  next_query_ns_.store(now + interval, std::memory_order_relaxed);
-  interval_ns_.store(std::min(interval * 2, kLongestQueryIntervalNs), std::memory_order_relaxed);
-  return false;
+  wake();
+  return true;
 }
 
 std::string StreamEvent::describe() const { return what_; }
 
-void retire_when_done(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers) {
-  Retirer::instance().retire(std::move(done), std::move(buffers));
+void retire_after(const c10::Stream& stream, std::shared_ptr<const c10::Event> event,
+                  std::shared_ptr<StagedBuffers> buffers) {
+  when_passed(stream, std::move(event), [buffers = std::move(buffers)]() mutable { buffers.reset(); });
 }
 
 DeviceCall::~DeviceCall() {
   // A call refused after its copies out were queued (a bad argument found by
   // the host implementation): its buffers wait for those copies.
   if (!handed_off_ && !buffers_->tensors.empty()) {
-    auto staged_now = staged();
-    retire_when_done([staged_now] { return staged_now->ready(); }, buffers_);
+    auto copied = std::make_shared<c10::Event>(device_.type());
+    copied->record(streams_.to_host);
+    retire_after(streams_.to_host, std::move(copied), buffers_);
   }
 }
 
@@ -252,11 +227,19 @@ at::Tensor DeviceCall::host_like(const at::Tensor& t) {
   return host;
 }
 
-std::shared_ptr<const StreamEvent> DeviceCall::staged() const {
-  return std::make_shared<const StreamEvent>(device_, streams_.to_host);
+at::Tensor DeviceCall::host_bytes(std::size_t bytes) {
+  if (bytes == 0) return at::empty({0}, at::kByte);
+  auto lease = pinned_bytes(device_.type(), bytes);
+  auto host = lease->narrow(0, 0, static_cast<int64_t>(bytes));
+  buffers_->leases.push_back(std::move(lease));
+  return host;
 }
 
-void DeviceCall::wait_on_host() { staged()->event().synchronize(); }
+std::shared_ptr<const StreamEvent> DeviceCall::staged() {
+  auto event = StreamEvent::record(device_, streams_.to_host);
+  if (!first_staged_) first_staged_ = event;
+  return event;
+}
 
 DeviceScope::DeviceScope(std::shared_ptr<const sched::ReadyEvent> ready)
     : previous_(std::move(t_scope_ready)), was_active_(t_scope_active) {

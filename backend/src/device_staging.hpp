@@ -7,7 +7,8 @@
 //   1. an event on the caller's current stream; the process's copy-out stream
 //      for the device waits on it, so the copies see the caller's earlier work;
 //   2. device-to-host copies into pinned buffers on that stream, and an event
-//      after them, which the engine polls before it starts the host operation
+//      after them; the stream's waiting thread (stream_waiter.hpp) wakes the
+//      engine as soon as it passes, and the engine starts the host operation
 //      (sched::ReadyEvent: the engine never blocks on a device);
 //   3. the host collective on the pinned buffers (the CPU implementation);
 //   4. as each host operation finishes, host-to-device copies on the copy-in
@@ -23,9 +24,11 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -55,22 +58,35 @@ InternalStreams internal_streams(c10::Device device);
 // back to the pool when its last holder drops it.
 std::shared_ptr<at::Tensor> pinned_bytes(c10::DeviceType type, std::size_t bytes);
 
-// An event on a device stream as the engine sees it. The engine asks at every
-// progress pass; the device is asked at most every few tens of microseconds
-// (see ready()).
+// An event on a device stream as the engine sees it: recorded at once, and
+// waited for by the stream's waiting thread, which marks it passed and wakes
+// the engine. ready() only reads that mark: the engine never asks the device.
 class StreamEvent final : public sched::ReadyEvent {
  public:
-  StreamEvent(c10::Device device, const c10::Stream& stream);  // records at once
+  using Clock = std::chrono::steady_clock;
+  static std::shared_ptr<const StreamEvent> record(c10::Device device, const c10::Stream& stream);
+
   bool ready() const override;
   std::string describe() const override;
-  const c10::Event& event() const { return event_; }
+  bool notify_when_ready(std::function<void()> wake) const override;
+  const c10::Event& event() const { return *event_; }
+  // For the trace: when the waiting thread saw it pass, and when the engine
+  // first found it ready (its operation starts then); epoch until then.
+  Clock::time_point passed_at() const { return passed_at_.load(); }
+  Clock::time_point started_at() const { return started_at_.load(); }
+
+  StreamEvent(c10::Device device, const c10::Stream& stream);  // use record()
 
  private:
-  c10::Event event_;
+  void mark_passed() const;
+
+  std::shared_ptr<c10::Event> event_;
   std::string what_;
+  mutable std::mutex mutex_;
+  mutable std::function<void()> wake_;  // mutex_
   mutable std::atomic<bool> passed_{false};
-  mutable std::atomic<std::int64_t> next_query_ns_{0};  // steady clock
-  mutable std::atomic<std::int64_t> interval_ns_;
+  mutable std::atomic<Clock::time_point> passed_at_{};
+  mutable std::atomic<Clock::time_point> started_at_{};
 };
 
 // What a staged call keeps alive until its end event has passed: pinned
@@ -80,10 +96,11 @@ struct StagedBuffers {
   std::vector<at::Tensor> tensors;
 };
 
-// Keeps `buffers` (and so their pinned leases) until `done` says the device
-// has finished with them; polled by a thread of its own, never blocking on a
-// device (a device's blocking event wait may spin a core).
-void retire_when_done(std::function<bool()> done, std::shared_ptr<StagedBuffers> buffers);
+
+// Keeps `buffers` (and so their pinned leases) until `event`, recorded on
+// `stream`, has passed: the device is then done with them.
+void retire_after(const c10::Stream& stream, std::shared_ptr<const c10::Event> event,
+                  std::shared_ptr<StagedBuffers> buffers);
 
 // One call's staging: the copies out, and the event the host operation waits for.
 class DeviceCall {
@@ -100,17 +117,22 @@ class DeviceCall {
   at::Tensor to_host(const at::Tensor& t);
   // A pinned host tensor shaped as t, not filled (outputs).
   at::Tensor host_like(const at::Tensor& t);
+  // `bytes` pinned host bytes, not filled.
+  at::Tensor host_bytes(std::size_t bytes);
   // Records the event after the copies enqueued so far.
-  std::shared_ptr<const StreamEvent> staged() const;
-  // For host code that reads the inputs at call time (packing lists,
-  // premultiplying): blocks until they have arrived.
-  void wait_on_host();
+  std::shared_ptr<const StreamEvent> staged();
+  // The first event staged() recorded (its host operation starts first), and
+  // when the call began: the trace's timeline of the call.
+  const std::shared_ptr<const StreamEvent>& first_staged() const { return first_staged_; }
+  StreamEvent::Clock::time_point begun_at() const { return begun_at_; }
   const std::shared_ptr<StagedBuffers>& buffers() const { return buffers_; }
 
  private:
   c10::Device device_;
   InternalStreams streams_;
   std::shared_ptr<StagedBuffers> buffers_ = std::make_shared<StagedBuffers>();
+  std::shared_ptr<const StreamEvent> first_staged_;
+  StreamEvent::Clock::time_point begun_at_ = StreamEvent::Clock::now();
   bool handed_off_ = false;
 };
 

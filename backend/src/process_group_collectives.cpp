@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
@@ -31,10 +32,32 @@ std::vector<at::Tensor> kept_stage(const at::Tensor& user, const at::Tensor& sta
   return user.is_same(stage) ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{stage};
 }
 
+// The tensors' bytes as one buffer, without a copy, where they already lie
+// one after another in one storage (a staged call's host copies do): nothing
+// then reads them at call time, when a device may still be filling them.
+std::optional<at::Tensor> consecutive_bytes(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return std::nullopt;
+  const auto* expected = static_cast<const std::uint8_t*>(tensors[0].data_ptr());
+  std::size_t total = 0;
+  for (const auto& t : tensors) {
+    const bool in_place = t.is_contiguous() && t.storage().is_alias_of(tensors[0].storage()) &&
+                          (t.nbytes() == 0 || static_cast<const std::uint8_t*>(t.data_ptr()) == expected);
+    if (!in_place) return std::nullopt;
+    expected += t.nbytes();
+    total += t.nbytes();
+  }
+  const auto& first = tensors[0];
+  auto bytes = at::empty({0}, first.options().dtype(at::kByte));
+  bytes.set_(first.storage(), static_cast<int64_t>(first.storage_offset()) * first.element_size(),
+             {static_cast<int64_t>(total)}, {1});
+  return bytes;
+}
+
 // The tensors as one contiguous byte buffer, in order. Copies raw bytes: the
 // tensors may differ in dtype (allgather_coalesced), and a tensor of 0 or 1
 // elements counts as contiguous whatever its stride, which view(kByte) refuses.
 at::Tensor pack_bytes(const std::vector<at::Tensor>& tensors) {
+  if (auto bytes = consecutive_bytes(tensors)) return *bytes;
   std::size_t total = 0;
   for (const auto& t : tensors) total += t.nbytes();
   auto flat = at::empty({static_cast<int64_t>(total)}, at::kByte);
@@ -436,8 +459,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::
     flat_parts.push_back(t.reshape(-1));
     counts.push_back(static_cast<std::size_t>(t.numel()) * (t.is_complex() ? 2 : 1));
   }
-  auto flat = at::cat(flat_parts);
-  if (auto factor = premul_factor(opts.reduceOp, flat)) flat.mul_(*factor);
+  const auto factor = premul_factor(opts.reduceOp, list[0]);
+  const auto in_place = factor ? std::nullopt : consecutive_bytes(list);
+  auto flat = in_place ? in_place->view(list[0].scalar_type()) : at::cat(flat_parts);
+  if (factor) flat.mul_(*factor);
   const auto view = reduce_view(flat, opts.reduceOp, "reduce_scatter");
   auto out = staged(output);
   const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter");

@@ -4,8 +4,14 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <fmt/format.h>
+
+#include <numeric>
+
 #include "backend/work_dlop.hpp"
 #include "core/error.hpp"
+#include "core/trace.hpp"
+#include "stream_waiter.hpp"
 
 namespace dlop::backend {
 
@@ -19,6 +25,8 @@ WorkDevice::WorkDevice(int rank, c10d::OpType type, DeviceCall& call, std::vecto
   // Covers every copy out: the end event, recorded after it, then means
   // that the device is done with the call's tensors, inputs included.
   staged_ = call.staged();
+  first_staged_ = call.first_staged();
+  begun_at_ = call.begun_at();
   call.hand_off();
 }
 
@@ -51,6 +59,8 @@ void WorkDevice::step_done(std::size_t index, std::exception_ptr error) {
   std::unique_lock lock(mutex_);
   if (error && !error_) error_ = error;
   if (--steps_left_ != 0) return;
+  const bool tracing = trace::enabled();
+  if (tracing) hosts_done_at_ = StreamEvent::Clock::now();
   staged_->event().block(streams_.to_device);
   auto end = std::make_shared<c10::Event>(device_.type());
   end->record(streams_.to_device);
@@ -58,19 +68,51 @@ void WorkDevice::step_done(std::size_t index, std::exception_ptr error) {
   const auto failure = error_;
   lock.unlock();
   copied_back_.notify_all();
-  retire_when_done([end] { return end->query(); }, buffers_);
+  auto self = c10::intrusive_ptr<WorkDevice>::reclaim_copy(this);
+  // The buffers go to the waiting thread alone: a Work the caller keeps
+  // (until its next step's call, often) must not keep its pinned leases.
+  when_passed(streams_.to_device, end,
+              [done = copied_back_done_, buffers = std::move(buffers_),
+               traced = tracing ? self : c10::intrusive_ptr<WorkDevice>()]() mutable {
+                done->store(true, std::memory_order_release);
+                if (traced) traced->trace_call(StreamEvent::Clock::now());
+                buffers.reset();
+              });
   // The future's events are recorded on the current stream: the copy-in stream.
   if (failure) {
     future_->setError(failure);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  if (tracing) {
+    std::lock_guard again(mutex_);
+    future_at_ = StreamEvent::Clock::now();
+    trace::span("complete", "device", hosts_done_at_, future_at_, {{"op", std::string(c10d::opTypeToString(opType_))}});
+  }
   finish(failure);
+}
+
+void WorkDevice::trace_call(StreamEvent::Clock::time_point copied_back) const {
+  const auto us = [&](StreamEvent::Clock::time_point t) -> std::int64_t {
+    if (t == StreamEvent::Clock::time_point{}) return -1;
+    return std::chrono::duration_cast<std::chrono::microseconds>(t - begun_at_).count();
+  };
+  std::lock_guard lock(mutex_);
+  trace::span(fmt::format("staged {}", c10d::opTypeToString(opType_)), "device", begun_at_, copied_back,
+              {{"copy_out_us", us(staged_->passed_at())},
+               {"host_start_us", us(first_staged_ ? first_staged_->started_at() : StreamEvent::Clock::time_point{})},
+               {"host_end_us", us(hosts_done_at_)},
+               {"future_us", us(future_at_)},
+               {"copy_back_us", us(copied_back)},
+               {"bytes", static_cast<std::int64_t>(std::accumulate(
+                             outputs_.begin(), outputs_.end(), std::size_t{0},
+                             [](std::size_t n, const at::Tensor& t) { return n + t.nbytes(); }))}});
 }
 
 bool WorkDevice::isCompleted() {
   std::lock_guard lock(mutex_);
-  return end_ && (error_ || end_->query());
+  // The waiting thread marks it a moment after the device passes the event.
+  return end_ && (error_ || copied_back_done_->load(std::memory_order_acquire) || end_->query());
 }
 
 bool WorkDevice::wait(std::chrono::milliseconds timeout) {

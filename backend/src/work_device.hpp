@@ -9,11 +9,16 @@
 //   - getFuture() is a future on the device: its value is ready on the
 //     streams of whoever waits on it (torch records and waits the events);
 //   - the tensors, host stages and pinned leases stay alive until the end
-//     event has passed, whether or not the caller keeps the Work.
+//     event has passed, whether or not the caller keeps the Work (the copy-in
+//     stream's waiting thread lets them go, stream_waiter.hpp);
+//   - with DLOP_TRACE, the call's timeline is one span ("staged <op>": copy
+//     out done, host operation started and done, future completed, copies
+//     back done) and the completion path one more ("complete").
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -45,16 +50,22 @@ class WorkDevice : public c10d::Work {
 
  private:
   void step_done(std::size_t index, std::exception_ptr error);
+  void trace_call(StreamEvent::Clock::time_point copied_back) const;
 
   c10::Device device_;
   InternalStreams streams_;
   std::shared_ptr<const StreamEvent> staged_;  // after the last copy out
+  std::shared_ptr<const StreamEvent> first_staged_;
+  StreamEvent::Clock::time_point begun_at_;
+  StreamEvent::Clock::time_point hosts_done_at_;  // mutex_
+  StreamEvent::Clock::time_point future_at_;      // mutex_
+  std::shared_ptr<std::atomic<bool>> copied_back_done_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<StagedBuffers> buffers_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<Step> steps_;
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable copied_back_;
   std::size_t steps_left_ = 0;          // mutex_
   std::exception_ptr error_;            // mutex_: the first step's error

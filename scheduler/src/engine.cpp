@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -104,6 +105,12 @@ Engine::Engine(transport::Bootstrap& bootstrap, bool check_signatures, Schedulin
   transport::ShmSegment::remove_stale_segments();
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw_errno("eventfd");
+  const int handle = ::fcntl(wake_fd_, F_DUPFD_CLOEXEC, 0);
+  if (handle < 0) throw_errno("dup of the engine's eventfd");
+  wake_handle_ = std::shared_ptr<const int>(new int(handle), [](const int* fd) {
+    ::close(*fd);
+    delete fd;
+  });
   const SharedCores shared = machine_shared_cores(bootstrap);
   WaitPolicy::process().decide(shared.ranks, shared.budget);
   thread_ = std::thread([this] { thread_main(); });
@@ -387,6 +394,7 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
     starting_.clear();
   }
   if (!gated_.empty()) start_ready_gated(finished);
+  if (!gated_.empty()) ask_front_to_wake();
   if (running_.empty()) {
     // A send UCX completed may still sit in its TCP buffer (an eager send to
     // another host larger than the socket had room for): only progress writes
@@ -448,6 +456,16 @@ bool Engine::progress_locked(std::vector<std::shared_ptr<detail::OpState>>& fini
     std::erase_if(running_, [](const auto& op) { return !op->task; });
   }
   return !running_.empty();
+}
+
+void Engine::ask_front_to_wake() {
+  auto& op = *gated_.front();
+  if (op.wake_asked || !op.ready) return;
+  op.wake_asked = true;
+  op.ready_wakes = op.ready->notify_when_ready([handle = wake_handle_] {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto written = ::write(*handle, &one, sizeof(one));
+  });
 }
 
 void Engine::start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& finished) {
@@ -519,23 +537,29 @@ void Engine::thread_main() {
     // Ops gated on a device copy count as running: waiting for the copy, the
     // thread naps like any other wait rather than spinning on the device.
     const bool had = !running_.empty() || !gated_.empty();
+    const std::uint64_t started_before = started_ops_;
     const bool running = progress_locked(finished);
+    const bool moved = started_ops_ != started_before;  // a gated op started: news like a finished one
     // A task with a reduction chunk still to do is busy, not waiting: a pass
     // that ran one is news (one sleep per chunk cost a millisecond each).
     const bool local_work = running && std::any_of(running_.begin(), running_.end(), [](const auto& op) {
       return op->task && op->task->has_local_work();
     });
-    idle_passes = (running && had && finished.empty() && !local_work) ? idle_passes + 1 : 0;
-    if (!had || !finished.empty()) spin_passes = kSpinPasses;
+    idle_passes = (running && had && finished.empty() && !local_work && !moved) ? idle_passes + 1 : 0;
+    if (!had || !finished.empty() || moved) spin_passes = kSpinPasses;
     // Idle, the thread sleeps on UCX's events too: data UCX still holds for a
     // peer (above) leaves as the socket drains, and a peer's early messages
     // are taken in. Events pending (arm fails): look again first.
     bool sleep = running ? idle_passes > spin_passes && mesh_->arm() : mesh_->arm() || mesh_->event_fd() < 0;
-    // Nothing wakes the thread when a device copy finishes: poll gated ops too.
-    const bool polls_memory = sleep && running &&
-                              (!gated_.empty() ||
-                               std::any_of(running_.begin(), running_.end(),
-                                           [](const auto& op) { return op->task && op->task->polls_memory(); }));
+    // A device copy whose event cannot wake the thread is polled, like
+    // shared memory. An op started from a device copy is polled too: its
+    // peers' copies finish at their own pace, and a sleep on UCX's events
+    // (1 ms at most) would hold back a step that waits on it.
+    const bool polls_memory =
+        sleep && running &&
+        ((!gated_.empty() && !gated_.front()->ready_wakes) ||
+         std::any_of(running_.begin(), running_.end(),
+                     [](const auto& op) { return op->task && (op->ready || op->task->polls_memory()); }));
     lock.unlock();
     finish_all(finished);
     if (idle_passes == 0) nap = kFirstNap;

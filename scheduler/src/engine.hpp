@@ -104,6 +104,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Starts gated ops from the front while their events are ready; fails one
   // past its deadline.
   void start_ready_gated(std::vector<std::shared_ptr<detail::OpState>>& finished);
+  // Asks the front gated op's event to wake the progress thread when it passes.
+  void ask_front_to_wake();
   std::unique_ptr<coll::Task> make_task(const std::shared_ptr<detail::OpState>& op, const coll::Algorithm& algorithm);
   // A gradient op whose task starts counts in the data credits until it finishes.
   void count_if_gradient(detail::OpState& op);
@@ -148,6 +150,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool> has_submitted_{false};
 
   int wake_fd_ = -1;  // eventfd the progress thread sleeps on
+  // A copy of wake_fd_ for events that wake the engine from other threads:
+  // closed when the last of them lets go, so a late one never writes to a
+  // reused descriptor.
+  std::shared_ptr<const int> wake_handle_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -105,6 +105,8 @@ struct OpState {
 
   // Engine-side, under the engine lock.
   std::unique_ptr<coll::Task> task;
+  bool wake_asked = false;               // gated: `ready` was asked to wake the engine
+  bool ready_wakes = false;              // gated: and it will (no need to poll it)
   std::uint64_t order = 0;               // when it started, among this engine's ops
   bool counts_as_gradient = false;       // counted in DataCredits while running
   // Holding between chunks (engine.cpp, Engine::may_begin_chunk).

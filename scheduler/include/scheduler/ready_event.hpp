@@ -6,6 +6,7 @@
 // done. Nothing here knows what a device is.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace dlop::sched {
@@ -18,6 +19,14 @@ class ReadyEvent {
   virtual bool ready() const = 0;
   // What the operation waits for, for a timeout's message.
   virtual std::string describe() const = 0;
+  // An event that can say when it passes returns true and calls `wake` (on
+  // any thread, at most once, at once if it has passed already) once ready()
+  // is true: the engine then sleeps instead of polling it. The engine calls
+  // this once for the event at the front of its gated operations.
+  virtual bool notify_when_ready(std::function<void()> wake) const {
+    (void)wake;
+    return false;
+  }
 };
 
 }  // namespace dlop::sched

@@ -28,9 +28,18 @@ bool capturing(const Guard& guard, const c10::Stream& stream) {
 void count_until_done(const c10::intrusive_ptr<c10d::Work>& work, c10::Device device,
                       const std::shared_ptr<sched::DataCredits>& credits) {
   if (device.is_cpu()) {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work->getFuture();
+    } catch (const c10::Error&) {
+      // A Work of the older kind has none (Gloo's allreduce_coalesced): its
+      // isCompleted() is a flag, asked as a device work's is.
+      credits->gradient_until([work] { return work->isCompleted(); });
+      return;
+    }
     credits->gradient_started();
     // The callback holds the work: a future drops its callbacks once it has run them.
-    work->getFuture()->addCallback([work, credits](c10::ivalue::Future&) { credits->gradient_finished(); });
+    future->addCallback([work, credits](c10::ivalue::Future&) { credits->gradient_finished(); });
     return;
   }
   const c10::impl::VirtualGuardImpl guard(device.type());

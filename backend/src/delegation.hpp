@@ -14,7 +14,7 @@ namespace dlop::backend {
 // Counts `work`, a delegated call on `device`, as a gradient collective in
 // flight from now until it has ended, with no thread of its own:
 //   - on the CPU, a backend's future completes with its work: its callback
-//     ends the count;
+//     ends the count (a Work without a future is asked, as below);
 //   - on a device, the future may complete when the work is queued (NCCL's
 //     does), so the end is what Work::isCompleted() says. The credits ask it
 //     lazily, when they are consulted (DataCredits::gradient_until), and so

@@ -6,6 +6,7 @@
 #include "recording_backend.hpp"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -20,6 +21,26 @@ namespace {
 
 using c10d::Work;
 using WorkPtr = c10::intrusive_ptr<Work>;
+
+// The coalesced calls as one Work, each waited once (Gloo's p2p Works wait
+// for their buffer each time).
+class GroupWork final : public Work {
+ public:
+  GroupWork(int rank, std::vector<WorkPtr> works) : Work(rank, c10d::OpType::COALESCED), works_(std::move(works)) {}
+  bool isCompleted() override {
+    for (const auto& work : works_) {
+      if (!work->isCompleted()) return false;
+    }
+    return true;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (const auto& work : works_) work->wait(timeout);
+    return true;
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
 
 class RecordingBackend final : public c10d::Backend {
  public:
@@ -40,12 +61,10 @@ class RecordingBackend final : public c10d::Backend {
     calls_.push_back("startCoalescing");
     coalesced_.clear();
   }
-  // The coalesced calls went to the inner backend one by one: the group's
-  // Work is their last, once all have ended.
+  // The coalesced calls went to the inner backend one by one.
   WorkPtr endCoalescing() override {
     calls_.push_back("endCoalescing " + std::to_string(coalesced_.size()));
-    for (const auto& work : coalesced_) work->wait();
-    return coalesced_.empty() ? WorkPtr() : coalesced_.back();
+    return c10::make_intrusive<GroupWork>(getRank(), std::exchange(coalesced_, {}));
   }
   void eagerConnectSingleDevice(at::Device device) override {
     const auto bound = getBoundDeviceId();

@@ -42,12 +42,12 @@ def rank_passes_calls_on(ctx) -> dict:
     world.set_timeout(datetime.timedelta(seconds=77))
 
     # _coalescing_manager: start, the group's all-reduces as one call, end.
-    a, b = torch.full((5,), float(rank + 1)), torch.arange(3, dtype=torch.float64) * (rank + 1)
+    a, b = torch.full((5,), float(rank + 1)), torch.arange(3.0) * (rank + 1)
     with dist._coalescing_manager(device=torch.device("cpu")):
         dist.all_reduce(a)
         dist.all_reduce(b)
     out["coalesced"] = torch.equal(a, torch.full((5,), total)) and torch.equal(
-        b, torch.arange(3, dtype=torch.float64) * total)
+        b, torch.arange(3.0) * total)
     out["after_coalesced"] = _settled(pg)
 
     # batch_isend_irecv coalesces, as the delegate supports it: one Work for the ring.
@@ -59,7 +59,10 @@ def rank_passes_calls_on(ctx) -> dict:
     out["ring"] = (len(works), torch.equal(got, torch.full((4,), float((rank - 1) % size))))
 
     world._register_on_completion_hook(lambda info: None)
-    out["allocator"] = pg.mem_allocator is not None
+    try:
+        pg.mem_allocator  # noqa: B018  (torch's Python wraps only its own allocators: the record is the check)
+    except TypeError:
+        pass
     out["calls"] = list(rec.calls)
 
     # A group bound to a device connects its delegate at once, bound to it too.

@@ -67,8 +67,19 @@ void bind_backend(py::module_& m) {
           py::arg("backend"), py::arg("name"), py::arg("device_types"), py::arg("stage_others"),
           "Delegates calls on tensors of these device types to `backend` (see DLOP_DEVICE_BACKEND)")
       .def_property_readonly(
+          "device_backend",
+          [](backend::ProcessGroupDlop& pg) -> py::object {
+            const auto& delegate = pg.device_backend();
+            return delegate ? py::cast(delegate) : py::none();
+          },
+          "the backend accelerator tensors are delegated to (DLOP_DEVICE_BACKEND), or None")
+      .def_property_readonly(
           "gradients_in_flight",
-          [](backend::ProcessGroupDlop& pg) { return pg.communicator().data_credits()->gradients_in_flight(); },
+          [](backend::ProcessGroupDlop& pg) {
+            const auto& credits = pg.communicator().data_credits();
+            credits->check_outside();  // a delegated device work's end is learned by asking
+            return credits->gradients_in_flight();
+          },
           "collectives (dlop's own and delegated ones) the engine's data credits count as in flight")
       .def_property_readonly("hosts", [](backend::ProcessGroupDlop& pg) { return pg.communicator().hosts(); })
       .def_property_readonly("store_namespace", &backend::ProcessGroupDlop::store_namespace,

@@ -1,79 +1,55 @@
 #include "delegation.hpp"
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <atomic>
 
 namespace dlop::backend {
 namespace {
 
-struct Tracked {
-  c10::intrusive_ptr<c10d::Work> work;
-  std::shared_ptr<sched::DataCredits> credits;
-};
+// Delegated calls seen under graph capture so far. A count taken before one
+// of them is over: the capture began after the device had synchronized.
+std::atomic<std::uint64_t> captures{0};
 
-// Polls works whose futures completed before they did, oldest first.
-class CompletionPoller {
- public:
-  static CompletionPoller& instance() {
-    static auto* poller = new CompletionPoller();  // never destroyed: works may finish at exit
-    return *poller;
+// Whether `stream` is being captured into a graph. torch's device-generic
+// API says so since it has isStreamCapturing; before, dlop cannot tell, and
+// counts (and later asks) as outside a capture.
+template <class Guard>
+bool capturing(const Guard& guard, const c10::Stream& stream) {
+  if constexpr (requires { guard.isStreamCapturing(stream); }) {
+    return guard.isStreamCapturing(stream);
+  } else {
+    return false;
   }
-  void add(Tracked tracked) {
-    {
-      std::lock_guard lock(mutex_);
-      pending_.push_back(std::move(tracked));
-    }
-    wake_.notify_one();
-  }
-
- private:
-  CompletionPoller() {
-    std::thread([this] { run(); }).detach();  // lives as long as the process, like the instance
-  }
-  void run() {
-    pthread_setname_np(pthread_self(), "dlop-delegated");
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return !pending_.empty(); });
-      std::deque<Tracked> polling;
-      polling.swap(pending_);
-      lock.unlock();
-      // A device's collectives end in order on its stream: poll the oldest,
-      // sleeping between polls (a collective lasts at least tens of us).
-      while (!polling.empty()) {
-        if (polling.front().work->isCompleted()) {
-          polling.front().credits->gradient_finished();
-          polling.pop_front();
-          continue;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-        std::lock_guard more(mutex_);
-        for (auto& t : pending_) polling.push_back(std::move(t));
-        pending_.clear();
-      }
-      lock.lock();
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Tracked> pending_;
-};
+}
 
 }  // namespace
 
-void count_until_done(const c10::intrusive_ptr<c10d::Work>& work, const std::shared_ptr<sched::DataCredits>& credits) {
-  credits->gradient_started();
-  // The callback holds the work: a future drops its callbacks once it has run them.
-  work->getFuture()->addCallback([work, credits](c10::ivalue::Future& future) {
-    // A future without devices (a CPU backend's) completes when its work
-    // does; a device backend's may complete when its work is queued.
-    if (future.devices().empty() || work->isCompleted()) {
-      credits->gradient_finished();
-    } else {
-      CompletionPoller::instance().add({work, credits});
+void count_until_done(const c10::intrusive_ptr<c10d::Work>& work, c10::Device device,
+                      const std::shared_ptr<sched::DataCredits>& credits) {
+  if (device.is_cpu()) {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work->getFuture();
+    } catch (const c10::Error&) {
+      // A Work of the older kind has none (Gloo's allreduce_coalesced): its
+      // isCompleted() is a flag, asked as a device work's is.
+      credits->gradient_until([work] { return work->isCompleted(); });
+      return;
     }
+    credits->gradient_started();
+    // The callback holds the work: a future drops its callbacks once it has run them.
+    future->addCallback([work, credits](c10::ivalue::Future&) { credits->gradient_finished(); });
+    return;
+  }
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  if (capturing(guard, guard.getStream(device))) {
+    captures.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  credits->check_outside();  // the earlier calls' ends, asked now rather than by a polling thread
+  credits->gradient_until([work, epoch = captures.load(std::memory_order_relaxed)] {
+    return captures.load(std::memory_order_relaxed) != epoch || work->isCompleted();
   });
 }
 

@@ -188,7 +188,7 @@ SparseGathers start_sparse_allreduce(sched::Communicator& comm, const at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   const auto device = call_device(tensors, "allreduce");
-  if (auto work = delegated(device, "allreduce", [&](c10d::Backend& d) { return d.allreduce(tensors, opts); })) return work;
+  if (auto work = delegated(device, "allreduce", [&](c10d::Backend& d) { return d.allreduce(tensors, opts); })) return *work;
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
     auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
     return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
@@ -210,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
   const auto device = call_device({&tensors}, "allreduce_coalesced");
-  if (auto work = delegated(device, "allreduce_coalesced", [&](c10d::Backend& d) { return d.allreduce_coalesced(tensors, opts); })) return work;
+  if (auto work = delegated(device, "allreduce_coalesced", [&](c10d::Backend& d) { return d.allreduce_coalesced(tensors, opts); })) return *work;
   if (!device.is_cpu()) return on_device::allreduce_coalesced(*this, device, tensors, opts);
   DLOP_CHECK_ARG(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
   for (const auto& t : tensors) {
@@ -233,7 +233,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
   const auto device = call_device({&tensors}, "broadcast");
-  if (auto work = delegated(device, "broadcast", [&](c10d::Backend& d) { return d.broadcast(tensors, opts); })) return work;
+  if (auto work = delegated(device, "broadcast", [&](c10d::Backend& d) { return d.broadcast(tensors, opts); })) return *work;
   if (!device.is_cpu()) return on_device::broadcast(*this, device, tensors, opts);
   const auto& tensor = single_tensor(tensors, "broadcast");
   check_root(opts.rootRank, "broadcast");
@@ -252,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   const auto device = call_device({&tensors}, "reduce");
-  if (auto work = delegated(device, "reduce", [&](c10d::Backend& d) { return d.reduce(tensors, opts); })) return work;
+  if (auto work = delegated(device, "reduce", [&](c10d::Backend& d) { return d.reduce(tensors, opts); })) return *work;
   if (!device.is_cpu()) return on_device::reduce(*this, device, tensors, opts);
   const auto& tensor = single_tensor(tensors, "reduce");
   check_root(opts.rootRank, "reduce");
@@ -275,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vect
                                                            const c10d::AllgatherOptions& opts) {
   const auto output_list = flatten(outputs);
   const auto device = call_device({&inputs, &output_list}, "allgather");
-  if (auto work = delegated(device, "allgather", [&](c10d::Backend& d) { return d.allgather(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "allgather", [&](c10d::Backend& d) { return d.allgather(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::allgather(*this, device, outputs, inputs, opts);
   const auto& input = single_tensor(inputs, "allgather");
   DLOP_CHECK_ARG(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
@@ -301,7 +301,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions& opts) {
   const std::vector<at::Tensor> both{input, output};
   const auto device = call_device({&both}, "all_gather_into_tensor");
-  if (auto work = delegated(device, "all_gather_into_tensor", [&](c10d::Backend& d) { return d._allgather_base(output, input, opts); })) return work;
+  if (auto work = delegated(device, "all_gather_into_tensor", [&](c10d::Backend& d) { return d._allgather_base(output, input, opts); })) return *work;
   if (!device.is_cpu()) return on_device::allgather_base(*this, device, output, input, opts);
   check_tensor(input, "all_gather_into_tensor");
   check_tensor(output, "all_gather_into_tensor");
@@ -323,7 +323,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector
                                                                      const c10d::AllgatherOptions& opts) {
   const auto output_list = flatten(outputs);
   const auto device = call_device({&inputs, &output_list}, "allgather_coalesced");
-  if (auto work = delegated(device, "allgather_coalesced", [&](c10d::Backend& d) { return d.allgather_coalesced(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "allgather_coalesced", [&](c10d::Backend& d) { return d.allgather_coalesced(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::allgather_coalesced(*this, device, outputs, inputs, opts);
   // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
   // inputs packed together.
@@ -356,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
   const auto device = call_device({&inputs, &outputs}, "allgather_into_tensor_coalesced");
-  if (auto work = delegated(device, "allgather_into_tensor_coalesced", [&](c10d::Backend& d) { return d.allgather_into_tensor_coalesced(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "allgather_into_tensor_coalesced", [&](c10d::Backend& d) { return d.allgather_into_tensor_coalesced(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::allgather_into_tensor_coalesced(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
@@ -389,7 +389,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<
                                                         const c10d::GatherOptions& opts) {
   const auto output_list = flatten(outputs);
   const auto device = call_device({&inputs, &output_list}, "gather");
-  if (auto work = delegated(device, "gather", [&](c10d::Backend& d) { return d.gather(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "gather", [&](c10d::Backend& d) { return d.gather(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::gather(*this, device, outputs, inputs, opts);
   const auto& input = single_tensor(inputs, "gather");
   check_root(opts.rootRank, "gather");
@@ -416,7 +416,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>
                                                          const c10d::ScatterOptions& opts) {
   const auto input_list = flatten(inputs);
   const auto device = call_device({&outputs, &input_list}, "scatter");
-  if (auto work = delegated(device, "scatter", [&](c10d::Backend& d) { return d.scatter(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "scatter", [&](c10d::Backend& d) { return d.scatter(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::scatter(*this, device, outputs, inputs, opts);
   const auto& output = single_tensor(outputs, "scatter");
   check_root(opts.rootRank, "scatter");
@@ -443,7 +443,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::
                                                                 const c10d::ReduceScatterOptions& opts) {
   const auto input_list = flatten(inputs);
   const auto device = call_device({&outputs, &input_list}, "reduce_scatter");
-  if (auto work = delegated(device, "reduce_scatter", [&](c10d::Backend& d) { return d.reduce_scatter(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "reduce_scatter", [&](c10d::Backend& d) { return d.reduce_scatter(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::reduce_scatter(*this, device, outputs, inputs, opts);
   const auto& output = single_tensor(outputs, "reduce_scatter");
   DLOP_CHECK_ARG(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
@@ -479,7 +479,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
                                                                       const c10d::ReduceScatterOptions& opts) {
   const std::vector<at::Tensor> both{input, output};
   const auto device = call_device({&both}, "reduce_scatter_tensor");
-  if (auto work = delegated(device, "reduce_scatter_tensor", [&](c10d::Backend& d) { return d._reduce_scatter_base(output, input, opts); })) return work;
+  if (auto work = delegated(device, "reduce_scatter_tensor", [&](c10d::Backend& d) { return d._reduce_scatter_base(output, input, opts); })) return *work;
   if (!device.is_cpu()) return on_device::reduce_scatter_base(*this, device, output, input, opts);
   check_tensor(input, "reduce_scatter_tensor");
   check_tensor(output, "reduce_scatter_tensor");
@@ -504,7 +504,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   const auto device = call_device({&inputs, &outputs}, "reduce_scatter_tensor_coalesced");
-  if (auto work = delegated(device, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& d) { return d.reduce_scatter_tensor_coalesced(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& d) { return d.reduce_scatter_tensor_coalesced(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::reduce_scatter_tensor_coalesced(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
@@ -543,7 +543,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& outpu
                                                                const c10d::AllToAllOptions& opts) {
   const std::vector<at::Tensor> both{input, output};
   const auto device = call_device({&both}, "all_to_all_single");
-  if (auto work = delegated(device, "all_to_all_single", [&](c10d::Backend& d) { return d.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts); })) return work;
+  if (auto work = delegated(device, "all_to_all_single", [&](c10d::Backend& d) { return d.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts); })) return *work;
   if (!device.is_cpu()) return on_device::alltoall_base(*this, device, output, input, output_split_sizes, input_split_sizes, opts);
   check_tensor(input, "all_to_all_single");
   check_tensor(output, "all_to_all_single");
@@ -587,7 +587,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall(std::vector<at::Tensor
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
   const auto device = call_device({&inputs, &outputs}, "all_to_all");
-  if (auto work = delegated(device, "all_to_all", [&](c10d::Backend& d) { return d.alltoall(outputs, inputs, opts); })) return work;
+  if (auto work = delegated(device, "all_to_all", [&](c10d::Backend& d) { return d.alltoall(outputs, inputs, opts); })) return *work;
   if (!device.is_cpu()) return on_device::alltoall(*this, device, outputs, inputs, opts);
   DLOP_CHECK_ARG(!inputs.empty(), "dlop all_to_all: no input tensors");
   check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");

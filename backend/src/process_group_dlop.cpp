@@ -2,6 +2,9 @@
 // The collectives are in process_group_collectives.cpp.
 #include "backend/process_group_dlop.hpp"
 
+#include <algorithm>
+#include <utility>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -59,6 +62,8 @@ ProcessGroupDlop::~ProcessGroupDlop() { shutdown(); }
 
 void ProcessGroupDlop::abort() {
   if (comm_) comm_->abort("the process group was aborted");
+  // Aborted, not shut down after: NCCL's abort already ends what its shutdown would.
+  if (auto delegate = std::exchange(delegate_, {})) delegate->abort();
   shutdown();
 }
 
@@ -69,6 +74,45 @@ void ProcessGroupDlop::shutdown() {
   faults_.reset();
   completions_.reset();
   comm_.reset();
+  // Now rather than when its last reference goes: NCCL's communicators and
+  // watchdog end with the group that torch shuts down.
+  if (auto delegate = std::exchange(delegate_, {})) delegate->shutdown();
+}
+
+#if DLOP_TORCH_AT_LEAST(2, 9)
+void ProcessGroupDlop::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  if (delegate_) delegate_->setTimeout(timeout);
+}
+
+std::shared_ptr<c10::Allocator> ProcessGroupDlop::getMemAllocator() {
+  TORCH_CHECK(delegate_ != nullptr, "dlop: getMemAllocator needs a device backend to delegate to (",
+              delegate_name_.empty() ? "none: the accelerator tensors of this group are staged" : "shut down", ")");
+  return delegate_->getMemAllocator();
+}
+
+void ProcessGroupDlop::setGroupUid(const std::string& pg_uid) {
+  c10d::Backend::setGroupUid(pg_uid);
+  // torch names the group once per device type it serves: connect once.
+  if (const auto bound = getBoundDeviceId(); bound && !eager_connected_) eagerConnectSingleDevice(*bound);
+}
+#endif
+
+void ProcessGroupDlop::eagerConnectSingleDevice(at::Device device) {
+  eager_connected_ = true;
+  // dlop's own engine connected when the group was made.
+  if (!delegate_ || std::find(delegate_types_.begin(), delegate_types_.end(), device.type()) == delegate_types_.end()) {
+    return;
+  }
+  // NCCL also runs its barrier() and finds its device by the bound device.
+  if (device.has_index()) delegate_->setBoundDeviceId(device);
+  delegate_->eagerConnectSingleDevice(device);
+}
+
+void ProcessGroupDlop::registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
+  TORCH_CHECK(delegate_ != nullptr, "dlop: registerOnCompletionHook needs a device backend to delegate to "
+              "(the hook sees the delegated calls only); this group has none");
+  delegate_->registerOnCompletionHook(std::move(hook));
 }
 
 sched::OpOptions ProcessGroupDlop::op_options(std::chrono::milliseconds timeout) const {
@@ -104,9 +148,8 @@ bool ProcessGroupDlop::delegates(c10::Device device, const char* op) const {
   return false;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::track_delegated(c10::intrusive_ptr<c10d::Work> work) {
-  count_until_done(work, comm_->data_credits());
-  return work;
+void ProcessGroupDlop::track_delegated(const c10::intrusive_ptr<c10d::Work>& work, c10::Device device) {
+  if (comm_) count_until_done(work, device, comm_->data_credits());
 }
 
 void ProcessGroupDlop::check_root(int64_t root, const char* op) const {
@@ -124,6 +167,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, st
   auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
                                             std::move(finish));
   work->report_peer_deaths_to(faults_);
+  if (coalescing_ == Coalescing::kOwn && !DeviceScope::active()) coalesced_.push_back(work);
   if (caller_waits) {
     work->complete_in_place(std::move(handles), completions_);
   } else {
@@ -193,7 +237,7 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const auto device = call_device(tensors, "send");
-  if (auto work = delegated(device, "send", [&](c10d::Backend& d) { return d.send(tensors, dst_rank, tag); })) return work;
+  if (auto work = delegated(device, "send", [&](c10d::Backend& d) { return d.send(tensors, dst_rank, tag); })) return *work;
   if (!device.is_cpu()) return on_device::send(*this, device, tensors, dst_rank, tag);
   const auto& tensor = single_tensor(tensors, "send");
   check_tag(tag, "send");
@@ -208,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const auto device = call_device(tensors, "recv");
-  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recv(tensors, src_rank, tag); })) return work;
+  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recv(tensors, src_rank, tag); })) return *work;
   if (!device.is_cpu()) return on_device::recv(*this, device, tensors, src_rank, tag);
   const auto& tensor = single_tensor(tensors, "recv");
   check_tag(tag, "recv");
@@ -224,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const auto device = call_device(tensors, "recv");
-  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recvAnysource(tensors, tag); })) return work;
+  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recvAnysource(tensors, tag); })) return *work;
   if (!device.is_cpu()) return on_device::recv_anysource(*this, device, tensors, tag);
   const auto& tensor = single_tensor(tensors, "recv");
   check_tag(tag, "recv");

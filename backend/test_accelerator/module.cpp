@@ -3,6 +3,7 @@
 // are what dlop/testing/accelerator.py needs beyond torch.Stream and torch.Event.
 #include "allocators.hpp"
 #include "compute.hpp"
+#include "recording_backend.hpp"
 #include "stream_runtime.hpp"
 
 #include <ATen/Context.h>
@@ -94,6 +95,7 @@ PYBIND11_MODULE(_accelerator, m) {
                                            c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)),
                                            stream_id));
   });
+  ta::bind_recording_backend(m);
   // For the tests: what C++ code gets from torch's host allocator API.
   m.def("_host_allocator_check", [] {
     auto* allocator = at::getHostAllocator(c10::DeviceType::PrivateUse1);

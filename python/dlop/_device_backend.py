@@ -1,8 +1,9 @@
 """Delegation of accelerator tensors to the device's own backend (DLOP_DEVICE_BACKEND).
 
 ``auto`` (the default): where the accelerator has a native backend (NCCL on
-CUDA, XCCL on XPU) and every rank of the group has a device of its own, dlop
-hands it the calls on that device's tensors; where ranks share a device (which
+CUDA, XCCL on XPU) and the ranks of the group each use a device of their own
+(their current devices when the group is made, compared by UUID), dlop hands
+it the calls on that device's tensors; where ranks use the same device (which
 NCCL refuses) or there is no native backend, dlop stages them through pinned
 host memory. ``staged``: always stage. Any other value names the backend to
 delegate to, for the device types it serves (``gloo``: CPU tensors, a test
@@ -41,22 +42,30 @@ def _native() -> tuple[str, str] | None:
     return None
 
 
-def _each_rank_has_own_device(store, rank: int, size: int, device_type: str) -> bool:
-    """Whether no two ranks of the group share a device: on every host, no more ranks than devices.
+def _device_in_use(device_type: str) -> str:
+    """The device this rank uses now (its current one), as "host device" naming the physical device.
 
-    Every rank answers the same (each reads all ranks' hosts and device counts).
+    The device's UUID where torch reports one, so that ranks each shown a different
+    device as index 0 (CUDA_VISIBLE_DEVICES) count as apart; else its index on the host.
     """
     import torch
 
+    module = torch.get_device_module(device_type)
+    index = module.current_device()
+    uuid = getattr(module.get_device_properties(index), "uuid", None) if hasattr(module, "get_device_properties") else None
+    return f"{socket.gethostname()} {uuid if uuid is not None else f'{device_type}:{index}'}"
+
+
+def _each_rank_has_own_device(store, rank: int, size: int, device_type: str) -> bool:
+    """Whether no two ranks of the group use the same device (each rank's current device, compared).
+
+    Every rank answers the same (each reads all ranks' devices).
+    """
     if size == 1:
         return True
-    count = torch.get_device_module(device_type).device_count()
-    store.set(f"dlop-devices/{rank}", f"{count} {socket.gethostname()}")
-    hosts: dict[str, list[int]] = {}
-    for r in range(size):
-        devices, host = store.get(f"dlop-devices/{r}").decode().split(" ", 1)
-        hosts.setdefault(host, []).append(int(devices))
-    return all(len(counts) <= min(counts) for counts in hosts.values())
+    store.set(f"dlop-devices/{rank}", _device_in_use(device_type))
+    devices = [store.get(f"dlop-devices/{r}").decode() for r in range(size)]
+    return len(set(devices)) == size
 
 
 def _make(name: str, store, dist_options):

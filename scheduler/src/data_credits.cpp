@@ -42,6 +42,30 @@ void DataCredits::gradient_finished(Clock::time_point now) {
   for (const auto& [key, wake] : wakers_) wake();
 }
 
+void DataCredits::gradient_until(std::function<bool()> ended, Clock::time_point now) {
+  gradient_started(now);
+  std::lock_guard lock(outside_mutex_);
+  outside_.push_back(std::move(ended));
+  has_outside_.store(true, std::memory_order_relaxed);
+}
+
+void DataCredits::check_outside(Clock::time_point now) {
+  if (!has_outside_.load(std::memory_order_relaxed)) return;
+  std::size_t ended = 0;
+  {
+    // try_lock: a check already running answers for this caller too.
+    std::unique_lock lock(outside_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    while (!outside_.empty() && outside_.front()()) {
+      outside_.pop_front();
+      ++ended;
+    }
+    has_outside_.store(!outside_.empty(), std::memory_order_relaxed);
+  }
+  // Outside the lock: the last one's wakers may start a mover that acquires.
+  while (ended-- > 0) gradient_finished(now);
+}
+
 void DataCredits::set_step(std::uint64_t step) {
   if (step_.exchange(step, std::memory_order_relaxed) == step) return;
   std::lock_guard lock(mutex_);
@@ -77,6 +101,7 @@ void DataCredits::accrue(Clock::time_point now) {
 
 std::size_t DataCredits::acquire(std::size_t bytes, std::uint64_t deadline_step, Clock::time_point now) {
   if (deadline_step <= step() + 1) return bytes;
+  check_outside(now);
   std::lock_guard lock(mutex_);
   if (!gradient_in_flight()) {
     const auto quiet = spell();
@@ -95,6 +120,7 @@ std::size_t DataCredits::acquire(std::size_t bytes, std::uint64_t deadline_step,
 }
 
 microseconds DataCredits::time_for(std::size_t bytes, Clock::time_point now) {
+  check_outside(now);
   std::lock_guard lock(mutex_);
   if (!gradient_in_flight()) {
     const auto quiet = spell();

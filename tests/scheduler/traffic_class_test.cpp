@@ -210,6 +210,28 @@ TEST(Communicator, DataCreditsWakeTheirMoversWhenTheLastGradientFinishes) {
   EXPECT_EQ(other, 1) << "a removed waker ran";
 }
 
+TEST(Communicator, DataCreditsAskOutsideGradientsOldestFirstWhenConsulted) {
+  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms, .burst = 10ms});
+  bool first_ended = false, second_ended = false;
+  int asked_first = 0, asked_second = 0, woken = 0;
+  credits.add_waker(&woken, [&] { ++woken; });
+  credits.gradient_until([&] { ++asked_first; return first_ended; });
+  credits.gradient_until([&] { ++asked_second; return second_ended; });
+  EXPECT_EQ(credits.gradients_in_flight(), 2);
+  second_ended = true;
+  EXPECT_EQ(credits.acquire(600, 10), 0u) << "granted while the first still moves";
+  EXPECT_EQ(asked_second, 0) << "a later one was asked while an earlier one had not ended";
+  EXPECT_EQ(credits.gradients_in_flight(), 2);
+  first_ended = true;
+  (void)credits.time_for(600);
+  EXPECT_EQ(asked_first, 2);
+  EXPECT_EQ(asked_second, 1);
+  EXPECT_EQ(credits.gradients_in_flight(), 0);
+  EXPECT_EQ(woken, 1) << "the movers were not woken when the last one ended";
+  credits.check_outside();
+  EXPECT_EQ(asked_first + asked_second, 3) << "asked again after it ended";
+}
+
 namespace {
 
 // One training step of `credits` from `start`: the step begins (the trainer

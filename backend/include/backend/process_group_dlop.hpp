@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,27 @@ class ProcessGroupDlop : public c10d::Backend {
 
   const std::string getBackendName() const override { return "dlop"; }
 #if DLOP_TORCH_AT_LEAST(2, 9)
-  // torch.distributed's _set_pg_timeout (torch >= 2.9).
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // ProcessGroup.set_timeout (torch >= 2.9): dlop's and the delegate's.
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  // Coalescing is what batch_isend_irecv needs of NCCL (its p2p calls would
+  // wait on each other one by one): offered where the delegate offers it.
+  bool supportsCoalescing() const override { return delegate_ && delegate_->supportsCoalescing(); }
+  // The delegate's (NCCL's memory pool); dlop has none of its own.
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
+  // torch names a group after setting its bound device (init_process_group's
+  // or new_group's device_id): the one moment dlop learns it, so the
+  // delegate connects here, as torch connects NCCL groups eagerly.
+  void setGroupUid(const std::string& pg_uid) override;
 #endif
+  // Between the two, calls go to one place, chosen by the first: the
+  // delegate (then its own startCoalescing and endCoalescing) or dlop, whose
+  // endCoalescing returns a Work over its calls (CPU tensors only).
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // Binds the delegate serving `device` to it and connects it now.
+  void eagerConnectSingleDevice(at::Device device) override;
+  // The hook sees the delegated calls only: dlop's own Works report to none.
+  void registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -117,6 +136,8 @@ class ProcessGroupDlop : public c10d::Backend {
   // are refused instead of staged (DLOP_DEVICE_BACKEND names one backend).
   void set_device_backend(c10::intrusive_ptr<c10d::Backend> delegate, std::string name,
                           std::vector<c10::DeviceType> device_types, bool stage_others);
+  // The delegate, null when there is none (or after shutdown).
+  const c10::intrusive_ptr<c10d::Backend>& device_backend() const { return delegate_; }
 
  private:
   sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
@@ -127,16 +148,23 @@ class ProcessGroupDlop : public c10d::Backend {
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
                                            std::function<void()> finish = {}, bool caller_waits = false);
   void check_root(int64_t root, const char* op) const;
-  // The delegate's Work for a call on `device`, counted as gradient traffic;
-  // null when dlop runs the call itself.
+  // The delegate's Work for a call on `device` (which may be null inside a
+  // coalesced group), counted as gradient traffic; nullopt when dlop runs
+  // the call itself.
   template <class Call>
-  c10::intrusive_ptr<c10d::Work> delegated(c10::Device device, const char* op, Call&& call) {
-    if (!delegate_ && stage_others_) return {};
-    if (!delegates(device, op)) return {};
-    return track_delegated(call(*delegate_));
+  std::optional<c10::intrusive_ptr<c10d::Work>> delegated(c10::Device device, const char* op, Call&& call) {
+    const bool to_delegate = (delegate_ || !stage_others_) && delegates(device, op);
+    if (coalescing_ != Coalescing::kOff) route_coalesced(to_delegate, device, op);
+    if (!to_delegate) return std::nullopt;
+    auto work = call(*delegate_);
+    // In a coalesced group, endCoalescing's Work is the one counted.
+    if (work && coalescing_ == Coalescing::kOff) track_delegated(work, device);
+    return work;
   }
   bool delegates(c10::Device device, const char* op) const;
-  c10::intrusive_ptr<c10d::Work> track_delegated(c10::intrusive_ptr<c10d::Work> work);
+  void track_delegated(const c10::intrusive_ptr<c10d::Work>& work, c10::Device device);
+  // Coalescing (coalescing.cpp): where this call of the group goes.
+  void route_coalesced(bool to_delegate, c10::Device device, const char* op);
 
   // Declared before comm_, so destroyed after it: the engine refers to the
   // bootstrap it was made with (the default group's, for a sub-group).
@@ -153,6 +181,11 @@ class ProcessGroupDlop : public c10d::Backend {
   std::string delegate_name_;
   std::vector<c10::DeviceType> delegate_types_;
   bool stage_others_ = true;
+  bool eager_connected_ = false;
+  enum class Coalescing { kOff, kStarted, kDelegated, kOwn };
+  Coalescing coalescing_ = Coalescing::kOff;
+  c10::Device coalescing_device_{c10::DeviceType::CPU};
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // kOwn: dlop's Works of the group
 };
 
 }  // namespace dlop::backend

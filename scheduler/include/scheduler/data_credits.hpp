@@ -24,6 +24,11 @@
 // When the last gradient in flight finishes, the wakers run (on the engine's
 // thread): a mover holding data back need not poll for that moment.
 //
+// Gradients moved outside the engine whose end nobody reports (a device
+// backend's work, which ends on the device) are counted until a check says
+// they ended; acquire() and time_for() run the checks first, so nothing
+// polls for them (gradient_until).
+//
 // Thread-safe: the engine's thread reports gradients, any thread acquires.
 #pragma once
 
@@ -64,6 +69,13 @@ class DataCredits {
   void gradient_finished(Clock::time_point now = Clock::now());
   bool gradient_in_flight() const { return gradients_in_flight() > 0; }
   int gradients_in_flight() const { return gradients_.load(std::memory_order_relaxed); }
+  // A gradient started now that ends when `ended()` first returns true.
+  // check_outside() asks, oldest first, and stops at the first that has
+  // not ended (a device ends its collectives in order), so each check costs
+  // at most one more question than the ones that ended. `ended` runs on the
+  // checking thread with no lock of this class held; it must not block.
+  void gradient_until(std::function<bool()> ended, Clock::time_point now = Clock::now());
+  void check_outside(Clock::time_point now = Clock::now());
 
   // The training step now running (set by whoever drives steps, e.g. the
   // offload client when the trainer takes a batch). Starts at 0.
@@ -119,6 +131,10 @@ class DataCredits {
   std::deque<double> rates_;  // bytes per microsecond
   std::mutex wakers_mutex_;
   std::map<const void*, std::function<void()>> wakers_;
+  // gradient_until's, oldest first; one checker at a time.
+  std::mutex outside_mutex_;
+  std::deque<std::function<bool()>> outside_;
+  std::atomic<bool> has_outside_{false};
 };
 
 }  // namespace dlop::sched

@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs, torch and NCCL (and no internet): confirms on
-# CUDA what the test accelerator proves in CI. One command:
+# CUDA what the test accelerator proves in CI, in about 5 minutes after the
+# build. One command:
 #
 #   scripts/gpu_check.sh [OUT]          (OUT: where results go, default bench/results/gpu_check/<date>-<commit>)
 #
 # It builds dlop against the torch found there (with the Debian packages of
-# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them;
-# without FFmpeg there, with DLOP_WITH_MEDIA=OFF),
+# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them),
 # then runs:
-#   0. a small all-reduce on CPU and on CUDA with UCX's lanes logged (smoke_*);
-#   1. the device tests (tests/python/test_c10d_device.py) on CUDA, staged
-#      (DLOP_DEVICE_BACKEND=staged), and delegated to NCCL (auto) where there
-#      are two GPUs or more;
-#   2. dlop.bench.c10d on CUDA tensors: 2 ranks on 2 GPUs against NCCL (where
+#   0. a small all-reduce on CPU and on the device with UCX's lanes logged (smoke_*);
+#   1. the device tests (tests/python/test_c10d_device.py) on the device,
+#      staged (DLOP_DEVICE_BACKEND=staged), and delegated to NCCL (auto) where
+#      there are two GPUs or more;
+#   2. dlop.bench.ddp_overlap: DDP's overlap efficiency, dlop against Gloo, 2
+#      ranks sharing GPU 0 (compute alone, the step's all-reduces alone, the
+#      step, and per bucket when it was computed and done);
+#   3. dlop.bench.c10d on device tensors: 2 ranks on 2 GPUs against NCCL (where
 #      there are two), and 2 ranks sharing GPU 0 against Gloo (staged);
 #      dlop.bench.device (the staged 64 MiB all-reduce against its parts);
-#   3. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
+#   4. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
 #      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared);
-#   4. the same with DLOP_TRACE, summarised by `dlop report trace`: how long
+#   5. the same with DLOP_TRACE, summarised by `dlop report trace`: how long
 #      each all-reduce waited for its copies and ran.
 # Every output goes to OUT with the machine's description. Not part of `make test`.
+#
+# DEV=dlop_test rehearses the whole script here, on the test accelerator and
+# the existing build, with small sizes (minutes on 2 cores).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DEV=${DEV:-cuda}
 OUT=${1:-bench/results/gpu_check/$(date -u +%Y-%m-%d)-$REV}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -33,13 +40,26 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
   echo "# gpu_check at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "command: scripts/gpu_check.sh $*"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
-  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
+    sed 's/^/gpu: /'
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+                                "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)'
 } | tee "$OUT/machine.txt"
-# --- dependencies and the build (exports what running dlop needs)
-source scripts/gpu_build.sh "$OUT" || exit 1
-
-GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+START=$(date +%s)
+if [[ $DEV == cuda ]]; then
+  # --- dependencies and the build (exports what running dlop needs)
+  source scripts/gpu_build.sh "$OUT" || exit 1
+  GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  OVERLAP=(--width 1024 --layers 8 --batch 16384 --steps 10 --warmup 3)
+  C10D_MAX=64M
+  IMAGENET=(--arch resnet50 --batch-size 64 --steps 20 --epochs 1)
+else
+  GPUS=1  # a rehearsal: the test accelerator, its devices shared like one GPU
+  OVERLAP=()
+  C10D_MAX=1M
+  IMAGENET=(--arch resnet18 --batch-size 2 --image-size 32 --classes 10 --steps 2 --epochs 1)
+fi
+echo "build done after $(($(date +%s) - START)) s"
 
 
 status=0
@@ -53,13 +73,14 @@ TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
 # 0. smoke: one small all-reduce on CPU, then on CUDA, logging UCX's lanes, so
 # a machine where nothing runs says why in a few seconds.
 ucx_info -d >"$OUT/ucx_info.txt" 2>&1 || true
-for dev in cpu cuda; do
+for dev in cpu "$DEV"; do
+  impls=dlop,gloo; [[ $dev == dlop_test ]] && impls=dlop  # Gloo serves CPU and CUDA only
   run "smoke_$dev" timeout 120 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.c10d \
-    --device "$dev" --impls dlop,gloo --ops all_reduce --sizes 8,1M -r 1
+    --device "$dev" --impls "$impls" --ops all_reduce --sizes 8,1M -r 1
 done
 
-# 1. the device tests on CUDA (stopping at the first failure, with its traceback)
-export DLOP_TEST_ACCELERATOR=cuda DLOP_TEST_TIMEOUT=120
+# 1. the device tests (stopping at the first failure, with its traceback)
+export DLOP_TEST_ACCELERATOR=$DEV DLOP_TEST_TIMEOUT=120
 PYTEST=("$PY" -m pytest -q -x -rfE --tb=short -p no:cacheprovider)
 run tests_staged env DLOP_DEVICE_BACKEND=staged "${PYTEST[@]}" tests/python/test_c10d_device.py
 if ((GPUS >= 2)); then
@@ -67,29 +88,35 @@ if ((GPUS >= 2)); then
 fi
 unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
 
-# 2. benchmarks with the peers in the same run
+# 2. how much of DDP's communication the backward pass hides, dlop against Gloo on one shared GPU
+peers=dlop,gloo; [[ $DEV == dlop_test ]] && peers=dlop
+run ddp_overlap env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m dlop.bench.ddp_overlap \
+  --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --trace "$OUT/overlap_trace" --json "$OUT/ddp_overlap.json"
+
+# 3. collectives with the peers in the same run
 if ((GPUS >= 2)); then
   run c10d_2gpus_nccl env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m dlop.bench.c10d --device cuda \
     --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
     --json "$OUT/c10d_2gpus_nccl.json"
-  run c10d_2gpus_staged_vs_nccl env DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m dlop.bench.c10d --device cuda \
-    --impls dlop,nccl --ops all_reduce -e 256M --json "$OUT/c10d_2gpus_staged_vs_nccl.json"
 fi
 run c10d_shared_gpu_gloo env DLOP_DEVICE_BACKEND=auto CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.c10d \
-  --device cuda --impls dlop,gloo --ops all_reduce,broadcast -e 256M --json "$OUT/c10d_shared_gpu_gloo.json"
-run device_staging env CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.device --json "$OUT/device_staging.json"
+  --device "$DEV" --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$OUT/c10d_shared_gpu_gloo.json"
+run device_staging env CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.device --device "$DEV" -r 3 \
+  --small-iters 200 --json "$OUT/device_staging.json"
 
-# 3. a DDP ImageNet-style run, dlop against the device's own backend
+# 4. a DDP ImageNet-style run, dlop against the device's own backend
 if ((GPUS >= 2)); then peer=nccl; vis=0,1; else peer=gloo; vis=0; fi
+[[ $DEV == dlop_test ]] && peer=
 for backend in dlop $peer; do
   run "imagenet_ddp_$backend" env CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" examples/imagenet_ddp.py \
-    --dist-backend "$backend" --device cuda --arch resnet50 --batch-size 64 --steps 30 --epochs 3
+    --dist-backend "$backend" --device "$DEV" "${IMAGENET[@]}"
 done
 
-# 4. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
+# 5. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
 run imagenet_ddp_dlop_traced env DLOP_TRACE="$OUT/trace" CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" \
-  examples/imagenet_ddp.py --dist-backend dlop --device cuda --arch resnet50 --batch-size 64 --steps 10 --epochs 1
+  examples/imagenet_ddp.py --dist-backend dlop --device "$DEV" "${IMAGENET[@]}"
 run trace_summary "$PY" -m dlop.bench.trace_summary "$OUT/trace" --json "$OUT/trace_summary.json"
 
+echo "took $(($(date +%s) - START)) s in all"
 echo "results in $OUT"
 exit $status

@@ -560,6 +560,8 @@ void Engine::thread_main() {
         ((!gated_.empty() && !gated_.front()->ready_wakes) ||
          std::any_of(running_.begin(), running_.end(),
                      [](const auto& op) { return op->task && (op->ready || op->task->polls_memory()); }));
+    // Only gated ops whose events wake the thread: nothing to look at until then.
+    const bool only_woken_gated = running_.empty() && !gated_.empty() && gated_.front()->ready_wakes;
     lock.unlock();
     finish_all(finished);
     if (idle_passes == 0) nap = kFirstNap;
@@ -584,7 +586,7 @@ void Engine::thread_main() {
       // next news comes as an event again, so look once and sleep. Spinning
       // kSpinPasses after every 1 ms timeout, while a late peer's message is
       // awaited, took a tenth of the core from the compute it overlaps.
-      sleep_until_woken(running ? 1 : static_cast<int>(mesh_->options().watchdog.count()), true);
+      sleep_until_woken(running && !only_woken_gated ? 1 : static_cast<int>(mesh_->options().watchdog.count()), true);
       if (running) spin_passes = kStreamPasses;
       idle_passes = 0;
     }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "common/multiprocess.hpp"
@@ -61,6 +63,70 @@ TEST(ReadyEvent, EventThatNeverFiresTimesOutNamingWhatItWaitsFor) {
       EXPECT_EQ(e.code(), Errc::kTimeout) << e.what();
       EXPECT_NE(std::string(e.what()).find("the test's flag"), std::string::npos) << e.what();
     }
+  });
+}
+
+// A device event that a thread of its own sees pass: it wakes the engine,
+// which must then not poll it while it waits.
+class WakingFlag final : public ReadyEvent {
+ public:
+  bool ready() const override {
+    asked_.fetch_add(1);
+    return set_.load();
+  }
+  std::string describe() const override { return "the test's waking flag"; }
+  bool notify_when_ready(std::function<void()> wake) const override {
+    std::lock_guard lock(mutex_);
+    if (set_.load()) {
+      wake();
+    } else {
+      wake_ = std::move(wake);
+    }
+    return true;
+  }
+  void set() {
+    std::function<void()> wake;
+    {
+      std::lock_guard lock(mutex_);
+      set_.store(true);
+      wake.swap(wake_);
+    }
+    if (wake) wake();
+  }
+  int asked() const { return asked_.load(); }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::function<void()> wake_;
+  mutable std::atomic<int> asked_{0};
+  std::atomic<bool> set_{false};
+};
+
+TEST(ReadyEvent, AnEventThatWakesTheEngineIsNotPolledAndItsOpStartsAtOnce) {
+  test::run_ranks(2, [](transport::Bootstrap& b) {
+    auto comm = Communicator::create(b);
+    auto flag = std::make_shared<WakingFlag>();
+    std::int64_t x = comm->rank() + 1;
+    Handle gated = comm->allreduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum, {.ready = flag});
+    // Nobody waits: the engine's own thread must start it. It looks a few
+    // hundred times as the op arrives, then sleeps until woken.
+    std::this_thread::sleep_for(100ms);
+    const int asked_early = flag->asked();
+    std::this_thread::sleep_for(200ms);
+    const int asked_later = flag->asked() - asked_early;
+    const auto set_at = std::chrono::steady_clock::now();
+    flag->set();
+    while (!gated.test() && std::chrono::steady_clock::now() - set_at < 5s) {
+      std::this_thread::sleep_for(100us);
+    }
+    const auto took = std::chrono::steady_clock::now() - set_at;
+    gated.wait();
+    EXPECT_EQ(x, 3);
+    // A polling engine asks at every pass or nap (hundreds of times in 200 ms);
+    // this one only at its liveness watchdog's wake-ups.
+    EXPECT_LE(asked_later, 8);
+    EXPECT_LT(took, 100ms) << "the woken engine took "
+                           << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
   });
 }
 

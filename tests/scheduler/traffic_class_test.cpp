@@ -211,7 +211,9 @@ TEST(Communicator, DataCreditsWakeTheirMoversWhenTheLastGradientFinishes) {
 }
 
 TEST(Communicator, DataCreditsAskOutsideGradientsOldestFirstWhenConsulted) {
-  DataCredits credits({.bytes_per_interval = 1000, .interval = 1ms, .burst = 10ms});
+  // Credit accrues so slowly that none is due by the first ask, however slow
+  // the build (at 1000 B/ms, a ThreadSanitizer build had 20 B by then).
+  DataCredits credits({.bytes_per_interval = 1, .interval = 1000ms, .burst = 10ms});
   bool first_ended = false, second_ended = false;
   int asked_first = 0, asked_second = 0, woken = 0;
   credits.add_waker(&woken, [&] { ++woken; });

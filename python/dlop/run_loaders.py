@@ -151,9 +151,7 @@ class _Offloaded:
         return self._generate(pin)
 
     def _generate(self, pin: bool):
-        import torch
-
-        pin = pin and torch.cuda.is_available()
+        pin = pin and _accelerator_to_pin_for() is not None
         native = self.off.dataset is None
         for got in self.off:
             by_daemon = self.off.offloaded
@@ -164,6 +162,21 @@ class _Offloaded:
             if _watchers:
                 self._add_joined()
             yield batch
+
+
+def _accelerator_to_pin_for():
+    """The accelerator a pinned batch would be copied to, as torch's DataLoader picks it: the current
+    one (torch.accelerator; CUDA on a torch without it), when its device module says it is usable
+    (as dlop.data._device checks a device). None: pinning would buy nothing, or fail (MPS)."""
+    import torch
+
+    current = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+    device = current() if current is not None else torch.device("cuda")
+    if device is None or device.type == "mps":
+        return None
+    module = getattr(torch, device.type, None)
+    is_available = getattr(module, "is_available", None)
+    return device if is_available is not None and is_available() else None
 
 
 def _own(batch, pin: bool):

@@ -1,16 +1,18 @@
-"""Batches moved to an accelerator on a side stream, one batch ahead of the consumer.
+"""Batches moved to an accelerator on a side stream, overlapping the consumer's device work.
 
 Any accelerator torch has a device module for (``torch.cuda``, ``torch.xpu``,
 a PrivateUse1 device such as the test accelerator ``torch.dlop_test``): the
 module's Stream, Event, stream() and current_stream() are all this uses.
 
 Each batch is copied from the loader's pool slot into the device's pinned
-memory (the pool is page-locked, but not known to the device), which frees
-the slot at once, and uploaded from there on the side stream: batch k+1's
-upload is issued before batch k is handed out, so it overlaps the
-consumer's work on batch k. The host never waits for an upload: the
-consumer's current stream waits on each batch's event, and every tensor is
-marked as used on that stream for the device's caching allocator.
+memory (the pool is page-locked, but not known to the device), so the slot
+is not read after the batch is handed out, and uploaded from there on the
+side stream. Batch k is handed out as soon as it has come and its upload is
+issued, never later: its upload runs on the device beside the work the
+consumer queued for batch k-1, and no batch waits for the one after it. The
+host never waits for an upload: the consumer's current stream waits on each
+batch's event, and every tensor is marked as used on that stream for the
+device's caching allocator.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def to_device(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
         # The pool's buffers are page-locked, but the device does not know
         # them: an upload from them would make the host wait. A copy into
         # the device's own pinned memory (a memcpy) lets the upload go async,
-        # and frees the pool's slot at once.
+        # and leaves the pool's slot free for its next batch.
         pinned = _map(cpu, lambda t: t if t.is_pinned() else torch.empty(
             t.shape, dtype=t.dtype, pin_memory=True).copy_(t))
         with module.stream(side):
@@ -64,21 +66,13 @@ def to_device(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
         uploading[:] = [u for u in uploading if not u[0].query()] + [(done, pinned)]
         return on_device, done
 
-    cpu = next(batches, None)
-    if cpu is None:
-        return
-    on_device, done = start(cpu)
     try:
-        while True:
-            following = next(batches, None)
+        for cpu in batches:
+            on_device, done = start(cpu)
             consumer = module.current_stream(device)
             consumer.wait_event(done)
             _map(on_device, lambda t: t.record_stream(consumer))
-            ahead = start(following) if following is not None else None
             yield on_device
-            if ahead is None:
-                return
-            on_device, done = ahead
     finally:
         for event, _ in uploading:  # the pinned copies may be freed only once read
             event.synchronize()

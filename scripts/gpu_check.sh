@@ -6,7 +6,8 @@
 #   scripts/gpu_check.sh [OUT]          (OUT: where results go, default bench/results/gpu_check/<date>-<commit>)
 #
 # It builds dlop against the torch found there (with the Debian packages of
-# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them),
+# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them;
+# FFmpeg and the audio libraries among them, so the build has media),
 # then runs:
 #   0. a small all-reduce on CPU and on the device with UCX's lanes logged (smoke_*);
 #   1. the device tests (tests/python/test_c10d_device.py) on the device,

@@ -76,7 +76,7 @@ class PinnedPool {
   c10::DeviceType type_;
   std::mutex mutex_;
   std::map<std::size_t, std::vector<at::Tensor>> free_;
-  std::uint64_t served_ = 0;  // mutex_: misses and hits after warm-up counting
+  std::uint64_t served_ = 0;  // mutex_: leases handed out, from the pool or new
   std::uint64_t misses_ = 0;  // mutex_
   bool warned_ = false;       // mutex_
 };

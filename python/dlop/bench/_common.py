@@ -136,3 +136,19 @@ def read_rows(path: str) -> tuple[dict, list[dict]]:
     if isinstance(data, list):
         return {}, data
     return data.get("header", {}), data.get("rows", [])
+
+
+def stop_processes(procs: list) -> None:
+    """SIGTERM each process still running, then wait; one that outlives 10 s is killed."""
+    import signal
+    import subprocess
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -94,7 +94,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -277,7 +276,7 @@ def start_daemons(cluster: Cluster, exe: str, threads: int, token_file: str, env
         procs.append(proc)
         line = proc.stdout.readline()
         if "listening on" not in line:
-            stop(procs)
+            _common.stop_processes(procs)
             raise RuntimeError(f"dlop-offloader on {addr} did not start: {line!r}")
         addresses.append(f"{addr}:{line.strip().rsplit(':', 1)[1]}")
     return procs, addresses
@@ -287,18 +286,6 @@ def data_rate_mbps(args) -> int | None:
     """MB/s of batches while gradients move: --data-share of the link (None: no link, the engine's default)."""
     link = _rate_bytes(args.rate)
     return max(1, round(link * args.data_share / 1e6)) if link else None
-
-
-def stop(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, trace: str | None) -> list[dict]:
@@ -341,8 +328,8 @@ def run_config(args, cluster: Cluster, config: str, data: str, workdir: Path, tr
             ranks.append(cluster.popen(host, argv, dict(env, **rank_vars), stdout=log, stderr=subprocess.STDOUT))
         wait_ranks(ranks, config, out / "log.txt")
     finally:
-        stop(ranks)
-        stop(daemons)
+        _common.stop_processes(ranks)
+        _common.stop_processes(daemons)
         log.close()
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(cluster.world)]
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -203,22 +202,10 @@ def start_daemons(exe: str, cores: list[int], workdir: Path, log) -> tuple[list,
     for proc in procs:
         line = proc.stdout.readline()
         if "listening on" not in line:
-            stop(procs)
+            _common.stop_processes(procs)
             raise RuntimeError(f"dlop-offloader did not start: {line!r}")
         addresses.append("127.0.0.1:" + line.strip().rsplit(":", 1)[1])
     return procs, addresses, token
-
-
-def stop(procs: list) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def run_process(argv: list[str], env: dict, cores: list[int], log_path: Path, what: str, timeout: float) -> None:
@@ -228,7 +215,7 @@ def run_process(argv: list[str], env: dict, cores: list[int], log_path: Path, wh
         try:
             code = proc.wait(timeout=timeout + 30)  # the process dumps its stacks and exits at `timeout`
         except subprocess.TimeoutExpired:
-            stop([proc])
+            _common.stop_processes([proc])
             code = "timeout"
     if code != 0:
         raise RuntimeError(f"{what}: exited {code}\n{log_path.read_text()[-3000:]}")
@@ -270,7 +257,7 @@ def run_row(args, row: str, base: dict, cores: dict, workdir: Path) -> dict:
         else:
             run_process(rank + [json.dumps(spec)], env, spec["cores"], log_path, row, spec["timeout_s"])
     finally:
-        stop(daemons)
+        _common.stop_processes(daemons)
     return json.loads(out.read_text())
 
 

@@ -22,8 +22,10 @@ import csv
 import random
 from pathlib import Path
 
+from dlop.bench.offload_media import pad_collate  # noqa: F401  (the audio rows' collate_fn)
+from dlop.bench.train_rank import VIDEO_MEAN, VIDEO_STD, augment_clip  # noqa: F401
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-VIDEO_MEAN, VIDEO_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)
 AUDIO = {"sample_rate": 16000, "n_fft": 400, "hop": 160, "n_mels": 80, "log_offset": 1e-6, "freq_masks": 2,
          "freq_mask_width": 27, "time_masks": 2, "time_mask_width": 40}
 
@@ -195,24 +197,13 @@ class VideoClips:
 
     def __getitem__(self, i):
         import torch
-        import torch.nn.functional as F
 
         path, labels = self.rows[i]
         frames = self._frames_pyav(path) if self.reader == "pyav" else self._frames_opencv(path)
         video = torch.from_numpy(frames).permute(0, 3, 1, 2)  # T x C x H x W uint8
-        short, crop = random.randint(*self.clip["short_side"]), self.clip["crop"]
-        h, w = video.shape[-2:]
-        size = (short, round(w * short / h)) if h <= w else (round(h * short / w), short)
-        video = F.interpolate(video, size=size, mode="bilinear", antialias=True, align_corners=False)
-        top, left = random.randint(0, size[0] - crop), random.randint(0, size[1] - crop)
-        video = video[..., top:top + crop, left:left + crop]
-        if random.random() < self.clip["hflip"]:
-            video = video.flip(-1)
-        mean = torch.tensor([255 * m for m in VIDEO_MEAN]).view(1, 3, 1, 1)
-        std = torch.tensor([255 * s for s in VIDEO_STD]).view(1, 3, 1, 1)
         target = torch.zeros(self.classes)
         target[labels] = 1
-        return ((video.float() - mean) / std).permute(1, 0, 2, 3).contiguous(), target
+        return augment_clip(video, self.clip), target
 
 
 def video_spec(clip: dict) -> dict:
@@ -287,15 +278,6 @@ def slaney_mel(rate: int, n_fft: int, n_mels: int):
     return bank.astype(np.float32)
 
 
-def pad_collate(batch):
-    """Features padded to the batch's longest, with the labels and each sample's length (dlop's audio batches)."""
-    import torch
-
-    lengths = torch.tensor([m.shape[1] for m, _ in batch])
-    out = torch.zeros(len(batch), batch[0][0].shape[0], int(lengths.max()))
-    for k, (m, _) in enumerate(batch):
-        out[k, :, :m.shape[1]] = m
-    return out, torch.tensor([label for _, label in batch]), lengths
 
 
 def audio_spec(seconds: float) -> dict:

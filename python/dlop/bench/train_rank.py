@@ -10,6 +10,7 @@ dlop.bench.train's docstring.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,25 @@ from dlop.bench import _common
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 VIDEO_MEAN, VIDEO_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)  # Kinetics', as PyTorchVideo normalises
+
+
+def augment_clip(video, clip: dict):
+    """T x C x H x W uint8 frames -> C x T x crop x crop, normalised: the short side resized to a random
+    size in clip["short_side"], a random crop, a flip with probability clip["hflip"] (the native pipeline's ops)."""
+    import torch
+    import torch.nn.functional as F
+
+    short, crop = random.randint(*clip["short_side"]), clip["crop"]
+    h, w = video.shape[-2:]
+    size = (short, round(w * short / h)) if h <= w else (round(h * short / w), short)
+    video = F.interpolate(video, size=size, mode="bilinear", antialias=True, align_corners=False)
+    top, left = random.randint(0, size[0] - crop), random.randint(0, size[1] - crop)
+    video = video[..., top:top + crop, left:left + crop]
+    if random.random() < clip["hflip"]:
+        video = video.flip(-1)
+    mean = torch.tensor([255 * m for m in VIDEO_MEAN]).view(1, 3, 1, 1)
+    std = torch.tensor([255 * s for s in VIDEO_STD]).view(1, 3, 1, 1)
+    return ((video.float() - mean) / std).permute(1, 0, 2, 3).contiguous()
 
 
 # --- the model and the data (used by the ranks) -------------------------
@@ -76,14 +96,11 @@ class VideoClips:
         return len(self.reader)
 
     def __getitem__(self, i):
-        import random
-
         import av
         import numpy as np
         import torch
-        import torch.nn.functional as F
 
-        frames, stride, crop = self.clip["frames"], self.clip["stride"], self.clip["crop"]
+        frames, stride = self.clip["frames"], self.clip["stride"]
         path, label = self.reader.files[i]
         with av.open(path) as container:
             stream = container.streams.video[0]
@@ -96,17 +113,7 @@ class VideoClips:
             if len(got) < len(set(wanted)):
                 got = self.reader._decode(container, stream, wanted, rate, base, first, from_start=True)
             video = torch.from_numpy(np.stack([got[k] for k in wanted])).permute(0, 3, 1, 2)  # T x C x H x W
-        short = random.randint(*self.clip["short_side"])
-        h, w = video.shape[-2:]
-        size = (short, round(w * short / h)) if h <= w else (round(h * short / w), short)
-        video = F.interpolate(video, size=size, mode="bilinear", antialias=True, align_corners=False)
-        top, left = random.randint(0, size[0] - crop), random.randint(0, size[1] - crop)
-        video = video[..., top:top + crop, left:left + crop]
-        if random.random() < self.clip["hflip"]:
-            video = video.flip(-1)
-        mean = torch.tensor([255 * m for m in VIDEO_MEAN]).view(1, 3, 1, 1)
-        std = torch.tensor([255 * s for s in VIDEO_STD]).view(1, 3, 1, 1)
-        return ((video.float() - mean) / std).permute(1, 0, 2, 3).contiguous(), label
+        return augment_clip(video, self.clip), label
 
 
 class Batches:

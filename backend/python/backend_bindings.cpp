@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/process_group_dlop.hpp"
+#include "core/log.hpp"
 #include "backend/work_dlop.hpp"
 #include "bindings.hpp"
 
@@ -66,6 +67,33 @@ void bind_backend(py::module_& m) {
           },
           py::arg("backend"), py::arg("name"), py::arg("device_types"), py::arg("stage_others"),
           "Delegates calls on tensors of these device types to `backend` (see DLOP_DEVICE_BACKEND)")
+      .def(
+          "share_device_when_used",
+          [](backend::ProcessGroupDlop& pg, py::function sharer) {
+            // Dropped with the GIL held, whichever thread lets go of it last.
+            std::shared_ptr<py::function> held(new py::function(std::move(sharer)), [](py::function* f) {
+              py::gil_scoped_acquire gil;
+              delete f;
+            });
+            pg.share_device_when_used(
+                [held](c10::Device device) -> std::variant<backend::ProcessGroupDlop::DeviceMemory, std::string> {
+                  py::gil_scoped_acquire gil;
+                  const py::object answer = (*held)(device.str());
+                  if (py::isinstance<py::str>(answer)) return answer.cast<std::string>();
+                  auto [slabs, slot_bytes] = answer.cast<std::pair<std::vector<at::Tensor>, std::size_t>>();
+                  return backend::ProcessGroupDlop::DeviceMemory{std::move(slabs), slot_bytes};
+                });
+          },
+          py::arg("sharer"),
+          "sharer(device) is called once, at the first all-reduce on a device: (every rank's device memory, "
+          "slot bytes) to reduce in it, or a str saying why the group stages")
+      .def_property_readonly(
+          "shared_device",
+          [](backend::ProcessGroupDlop& pg) -> py::object {
+            const auto device = pg.shared_device_in_use();
+            return device ? py::cast(device->str()) : py::none();
+          },
+          "the device whose memory the group's all-reduces reduce in, or None (staged or delegated)")
       .def_property_readonly(
           "device_backend",
           [](backend::ProcessGroupDlop& pg) -> py::object {
@@ -89,6 +117,12 @@ void bind_backend(py::module_& m) {
   // look-ups (each hashing the mangled name) before the fallback to the base.
   py::class_<backend::WorkDlop, c10d::Work, GilFreeHolder<backend::WorkDlop>>(
       m, "WorkDlop", "the torch.distributed Work of a dlop collective");
+  m.def(
+      "_log",
+      [](const std::string& level, const std::string& message) {
+        dlop::log().log(spdlog::level::from_str(level), "{}", message);
+      },
+      py::arg("level"), py::arg("message"), "logs through dlop's logger (DLOP_LOG_LEVEL)");
 }
 
 }  // namespace dlop::python

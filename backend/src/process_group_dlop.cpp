@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "device_staging.hpp"
+#include "shared_device.hpp"
 #include "staged_ops.hpp"
 #include "tensor_args.hpp"
 #include "transport/session.hpp"
@@ -71,6 +72,11 @@ void ProcessGroupDlop::shutdown() {
   // Pending operations keep the engine (and the Works their tensors) alive
   // until they finish or time out; the completion thread stops once the
   // last group lets go of it.
+  {
+    std::lock_guard lock(sharing_mutex_);
+    sharer_ = {};
+    if (auto arena = std::exchange(shared_device_, {})) arena->release();
+  }
   faults_.reset();
   completions_.reset();
   comm_.reset();
@@ -134,6 +140,32 @@ void ProcessGroupDlop::set_device_backend(c10::intrusive_ptr<c10d::Backend> dele
   delegate_name_ = std::move(name);
   delegate_types_ = std::move(device_types);
   stage_others_ = stage_others;
+}
+
+void ProcessGroupDlop::share_device_when_used(DeviceSharer sharer) {
+  std::lock_guard lock(sharing_mutex_);
+  sharer_ = std::move(sharer);
+}
+
+std::shared_ptr<SharedDeviceArena> ProcessGroupDlop::shared_device(c10::Device device) {
+  std::lock_guard lock(sharing_mutex_);
+  if (auto sharer = std::exchange(sharer_, {})) {
+    auto answer = sharer(device);
+    if (auto* memory = std::get_if<DeviceMemory>(&answer)) {
+      DLOP_CHECK_ARG(static_cast<int>(memory->slabs.size()) == getSize(), "dlop: shared device memory of ",
+                     memory->slabs.size(), " ranks for a group of ", getSize());
+      shared_device_ = std::make_shared<SharedDeviceArena>(memory->slabs.at(0).device(), getRank(),
+                                                           std::move(memory->slabs), memory->slot_bytes);
+    }
+  }
+  if (!shared_device_ || shared_device_->device() != device) return nullptr;
+  return shared_device_;
+}
+
+std::optional<c10::Device> ProcessGroupDlop::shared_device_in_use() const {
+  std::lock_guard lock(sharing_mutex_);
+  if (!shared_device_ || !shared_device_->serving()) return std::nullopt;
+  return shared_device_->device();
 }
 
 bool ProcessGroupDlop::delegates(c10::Device device, const char* op) const {

@@ -8,6 +8,7 @@
 #include "backend/torch_error.hpp"
 #include "core/config.hpp"
 #include "device_staging.hpp"
+#include "shared_device.hpp"
 #include "tensor_args.hpp"
 #include "work_device.hpp"
 
@@ -160,6 +161,9 @@ bool chunkable(const at::Tensor& t) { return t.is_contiguous() && t.layout() == 
 }  // namespace
 
 WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::AllreduceOptions& opts) {
+  if (auto arena = pg.shared_device(device); arena && arena->serves(tensors, opts.reduceOp)) {
+    return arena->allreduce(pg, tensors[0], opts);
+  }
   DeviceCall call(device);
   const auto sources = premultiplied(call, tensors, opts.reduceOp);
   auto host_opts = opts;

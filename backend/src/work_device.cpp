@@ -47,6 +47,13 @@ void WorkDevice::start(std::vector<Step> steps) {
 
 void WorkDevice::step_done(std::size_t index, std::exception_ptr error) {
   const c10::StreamGuard guard(streams_.to_device);
+  if (index < steps_.size() && steps_[index].then) {
+    try {
+      steps_[index].then(error);
+    } catch (...) {
+      error = to_torch_error(std::current_exception());
+    }
+  }
   if (!error && index < steps_.size()) {
     try {
       for (auto& [device_tensor, host] : steps_[index].copy_back) {

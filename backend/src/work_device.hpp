@@ -20,6 +20,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -34,6 +36,10 @@ class WorkDevice : public c10d::Work {
   struct Step {
     c10::intrusive_ptr<c10d::Work> host;
     std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (device tensor, host stage)
+    // Run first when the host operation ends, with its error if it failed,
+    // on the copy-back stream (shared_device.hpp queues its reduce there);
+    // what it throws fails the call.
+    std::function<void(std::exception_ptr)> then;
   };
 
   // Takes over the call's buffers.

@@ -8,11 +8,18 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace dlop::test_accelerator {
 namespace {
@@ -145,6 +152,70 @@ c10::Allocator* host_allocator() {
 
 std::optional<c10::Device> device_of(const void* ptr) {
   return blocks().find(ptr).second;
+}
+
+namespace {
+
+// A mapping of shared device memory, and the file it maps (kept open by its
+// creator, so that other processes can open it through /proc).
+struct Mapping {
+  void* base;
+  std::size_t bytes;
+  int fd;
+};
+
+void unmap(void* context) {
+  auto* mapping = static_cast<Mapping*>(context);
+  blocks().erase(mapping->base);
+  munmap(mapping->base, mapping->bytes);
+  if (mapping->fd >= 0) close(mapping->fd);
+  delete mapping;
+}
+
+c10::DataPtr map_shared(int fd, std::size_t bytes, c10::DeviceIndex index, bool keep_fd, const std::string& what) {
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int error = errno;
+    close(fd);
+    TORCH_CHECK(false, "dlop_test: cannot map shared device memory ", what, ": ", std::strerror(error));
+  }
+  if (!keep_fd) {
+    close(fd);
+    fd = -1;
+  }
+  const c10::Device device(c10::DeviceType::PrivateUse1, index);
+  blocks().insert(base, bytes, device);
+  return {base, new Mapping{base, bytes, fd}, &unmap, device};
+}
+
+}  // namespace
+
+SharedDeviceMemory shared_device_memory(std::size_t bytes, c10::DeviceIndex index) {
+  TORCH_CHECK(bytes > 0, "dlop_test: shared device memory of 0 bytes");
+  const int fd = memfd_create("dlop_test-device-memory", MFD_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "dlop_test: memfd_create: ", std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int error = errno;
+    close(fd);
+    TORCH_CHECK(false, "dlop_test: cannot size shared device memory to ", bytes, " bytes: ", std::strerror(error));
+  }
+  auto handle = std::to_string(getpid()) + ":" + std::to_string(fd);
+  return {map_shared(fd, bytes, index, /*keep_fd=*/true, handle), std::move(handle)};
+}
+
+c10::DataPtr open_shared_device_memory(const std::string& handle, std::size_t bytes, c10::DeviceIndex index) {
+  const auto colon = handle.find(':');
+  TORCH_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < handle.size(),
+              "dlop_test: not a shared device memory handle: '", handle, "'");
+  const auto path = "/proc/" + handle.substr(0, colon) + "/fd/" + handle.substr(colon + 1);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "dlop_test: cannot open shared device memory ", handle, " (", path, "): ", std::strerror(errno));
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) < bytes) {
+    close(fd);
+    TORCH_CHECK(false, "dlop_test: shared device memory ", handle, " holds fewer than ", bytes, " bytes");
+  }
+  return map_shared(fd, bytes, index, /*keep_fd=*/false, handle);
 }
 
 bool is_pinned(const void* ptr) {

@@ -10,6 +10,7 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
@@ -34,6 +35,16 @@ py::dict timing_dict(const ta::Timing& t) {
   d["tflops"] = t.tflops;
   d["query_us"] = static_cast<int64_t>(t.query.count());
   return d;
+}
+
+// A uint8 tensor over `data` (which it keeps) on data's device.
+at::Tensor byte_tensor(c10::DataPtr data, std::size_t bytes) {
+  auto* ptr = data.get();
+  const auto device = data.device();
+  auto owner = std::make_shared<c10::DataPtr>(std::move(data));
+  return at::from_blob(
+      ptr, {static_cast<int64_t>(bytes)}, [owner](void*) mutable { owner.reset(); },
+      at::TensorOptions().dtype(at::kByte).device(device));
 }
 
 }  // namespace
@@ -95,6 +106,19 @@ PYBIND11_MODULE(_accelerator, m) {
                                            c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)),
                                            stream_id));
   });
+  m.def(
+      "shared_device_memory",
+      [](std::size_t bytes, int index) {
+        auto shared = ta::shared_device_memory(bytes, static_cast<c10::DeviceIndex>(index));
+        return std::make_tuple(byte_tensor(std::move(shared.data), bytes), shared.handle);
+      },
+      "(uint8 tensor of `bytes` on device `index`, handle): device memory other processes can open");
+  m.def(
+      "open_shared_device_memory",
+      [](const std::string& handle, std::size_t bytes, int index) {
+        return byte_tensor(ta::open_shared_device_memory(handle, bytes, static_cast<c10::DeviceIndex>(index)), bytes);
+      },
+      "Another process's shared device memory (its handle), as a uint8 tensor on device `index` here");
   ta::bind_recording_backend(m);
   // For the tests: what C++ code gets from torch's host allocator API.
   m.def("_host_allocator_check", [] {

@@ -1,11 +1,17 @@
-"""Delegation of accelerator tensors to the device's own backend (DLOP_DEVICE_BACKEND).
+"""How accelerator tensors travel (DLOP_DEVICE_BACKEND), decided when a group is made.
 
-``auto`` (the default): where the accelerator has a native backend (NCCL on
-CUDA, XCCL on XPU) and the ranks of the group each use a device of their own
-(their current devices when the group is made, compared by UUID), dlop hands
-it the calls on that device's tensors; where ranks use the same device (which
-NCCL refuses) or there is no native backend, dlop stages them through pinned
-host memory. ``staged``: always stage. Any other value names the backend to
+``auto`` (the default) compares the device each rank of the group uses now
+(its current device, by UUID where torch reports one):
+  - each rank on a device of its own, and the accelerator has a native
+    backend (NCCL on CUDA, XCCL on XPU): dlop hands that backend the calls
+    on the device's tensors;
+  - every rank on one and the same device (which NCCL refuses): all-reduces
+    reduce in that device's memory (python/dlop/_shared_device.py); the
+    other calls, and every call where the memory cannot be shared, are staged;
+  - otherwise dlop stages them through pinned host memory.
+The choice is logged at info level (DLOP_LOG_LEVEL=info). ``staged``: always
+stage. ``shared``: reduce in the shared device's memory, and refuse a group
+whose ranks do not share one device. Any other value names the backend to
 delegate to, for the device types it serves (``gloo``: CPU tensors, a test
 setting); accelerator tensors it does not serve are then refused.
 
@@ -42,8 +48,8 @@ def _native() -> tuple[str, str] | None:
     return None
 
 
-def _device_in_use(device_type: str) -> str:
-    """The device this rank uses now (its current one), as "host device" naming the physical device.
+def _device_in_use(device_type: str, index: int | None = None) -> str:
+    """The device this rank uses (its current one, or `index`), as "host device" naming the physical device.
 
     The device's UUID where torch reports one, so that ranks each shown a different
     device as index 0 (CUDA_VISIBLE_DEVICES) count as apart; else its index on the host.
@@ -51,21 +57,58 @@ def _device_in_use(device_type: str) -> str:
     import torch
 
     module = torch.get_device_module(device_type)
-    index = module.current_device()
+    if index is None:
+        index = module.current_device()
     uuid = getattr(module.get_device_properties(index), "uuid", None) if hasattr(module, "get_device_properties") else None
     return f"{socket.gethostname()} {uuid if uuid is not None else f'{device_type}:{index}'}"
 
 
-def _each_rank_has_own_device(store, rank: int, size: int, device_type: str) -> bool:
-    """Whether no two ranks of the group use the same device (each rank's current device, compared).
+def _accelerator() -> str | None:
+    """The device type of this machine's accelerator, if any (dlop_test counts)."""
+    import torch
 
-    Every rank answers the same (each reads all ranks' devices).
-    """
-    if size == 1:
-        return True
-    store.set(f"dlop-devices/{rank}", _device_in_use(device_type))
-    devices = [store.get(f"dlop-devices/{r}").decode() for r in range(size)]
-    return len(set(devices)) == size
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return None
+    return accelerator.current_accelerator().type
+
+
+def _devices_of_ranks(store, key: str, rank: int, size: int, device_type: str, index: int | None = None) -> list[str]:
+    """Each rank's device (its current one, or `index`); every rank reads the same list."""
+    store.set(f"{key}/{rank}", _device_in_use(device_type, index))
+    return [store.get(f"{key}/{r}").decode() for r in range(size)]
+
+
+def _log(namespace: str, level: str, message: str) -> None:
+    from dlop import _C
+
+    _C._log(level, f"dlop group {namespace}: {message}")
+
+
+def _sharer(namespace: str, store, rank: int, size: int, required: bool):
+    """What the group asks at its first all-reduce on a device: every rank's memory there, or why it stages."""
+
+    def share(device_name: str):
+        import torch
+
+        from dlop import _shared_device
+
+        device = torch.device(device_name)
+        devices = _devices_of_ranks(store, "dlop-shared-devices", rank, size, device.type, device.index)
+        if len(set(devices)) != 1:
+            why = f"the ranks use different devices ({', '.join(sorted(set(devices)))})"
+        else:
+            answer = _shared_device.exchange(store, rank, size, device)
+            if not isinstance(answer, str):
+                _log(namespace, "info", f"ranks share {device}: all-reduces reduce in its memory, other calls are staged")
+                return answer
+            why = answer
+        if required:
+            raise RuntimeError(f"{ENV}=shared: {why}")
+        _log(namespace, "info", f"calls on {device} are staged: {why}")
+        return why
+
+    return share
 
 
 def _make(name: str, store, dist_options):
@@ -85,7 +128,7 @@ def _make(name: str, store, dist_options):
         return cls(prefixed, rank, size, options)
     plugin = dist.Backend._plugins.get(name.upper())
     if plugin is None or name == "dlop":
-        raise ValueError(f"{ENV}={name!r}: not a torch.distributed backend (use auto, staged, nccl, gloo, ...)")
+        raise ValueError(f"{ENV}={name!r}: not a torch.distributed backend (use auto, staged, shared, nccl, gloo, ...)")
     opts = dist.distributed_c10d._DistributedBackendOptions()
     opts.store, opts.group_rank, opts.group_size, opts.timeout = prefixed, rank, size, timeout
     opts.group_id, opts.global_ranks_in_group = dist_options.group_id, dist_options.global_ranks_in_group
@@ -93,23 +136,30 @@ def _make(name: str, store, dist_options):
 
 
 def attach_device_backend(pg, dist_options) -> None:
-    """Gives `pg` (a dlop._C.ProcessGroupDlop) its delegate, as DLOP_DEVICE_BACKEND says."""
+    """Gives `pg` (a dlop._C.ProcessGroupDlop) its delegate, or its device sharer, as DLOP_DEVICE_BACKEND says."""
     import torch.distributed as dist
 
     name = choice()
     if name == "staged":
         return
     store = dist.PrefixStore(pg.store_namespace + "/", dist_options.store)
-    if name == "auto":
+    rank, size = dist_options.group_rank, dist_options.group_size
+    if name in ("auto", "shared"):
+        device_type = _accelerator()
+        if device_type is None or size == 1:
+            if name == "shared":
+                raise RuntimeError(f"{ENV}=shared: " + ("no accelerator" if device_type is None else "a group of one rank"))
+            return
         native = _native()
-        if native is None:
-            return
-        device_type, name = native
-        if not _each_rank_has_own_device(store, dist_options.group_rank, dist_options.group_size, device_type):
-            return
-        pg.set_device_backend(_make(name, store, dist_options), name, [device_type], True)
+        if name == "auto" and native is not None and native[0] == device_type:
+            devices = _devices_of_ranks(store, "dlop-devices", rank, size, device_type)
+            if len(set(devices)) == size:
+                pg.set_device_backend(_make(native[1], store, dist_options), native[1], [device_type], True)
+                _log(pg.store_namespace, "info", f"each rank has a {device_type} device of its own: {native[1]} serves them")
+                return
+        pg.share_device_when_used(_sharer(pg.store_namespace, store, rank, size, required=name == "shared"))
         return
     served = dist.Backend.backend_capability.get(name)
     if served is None:
-        raise ValueError(f"{ENV}={name!r}: not a torch.distributed backend (use auto, staged, nccl, gloo, ...)")
+        raise ValueError(f"{ENV}={name!r}: not a torch.distributed backend (use auto, staged, shared, nccl, gloo, ...)")
     pg.set_device_backend(_make(name, store, dist_options), name, list(served), False)

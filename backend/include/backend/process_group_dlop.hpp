@@ -13,6 +13,9 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <variant>
+#include <mutex>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@ namespace dlop::backend {
 
 class CompletionQueue;
 class FaultChannel;
+class SharedDeviceArena;
 class WorkDlop;
 
 class ProcessGroupDlop : public c10d::Backend {
@@ -138,6 +142,23 @@ class ProcessGroupDlop : public c10d::Backend {
                           std::vector<c10::DeviceType> device_types, bool stage_others);
   // The delegate, null when there is none (or after shutdown).
   const c10::intrusive_ptr<c10d::Backend>& device_backend() const { return delegate_; }
+  // Where the group's ranks may share one device: `sharer` is asked once, at
+  // the first all-reduce on a device, on the caller's thread (every rank
+  // makes that call, so it may talk to the other ranks: it exchanges the
+  // device memory handles through the store, python/dlop/_shared_device.py).
+  // It answers every rank's buffer of 2 * slot_bytes on that device (this
+  // rank's own, the others mapped), or why the group stages instead. The
+  // group's all-reduces on that device then reduce in its memory
+  // (shared_device.hpp).
+  struct DeviceMemory {
+    std::vector<at::Tensor> slabs;
+    std::size_t slot_bytes = 0;
+  };
+  using DeviceSharer = std::function<std::variant<DeviceMemory, std::string>(c10::Device)>;
+  void share_device_when_used(DeviceSharer sharer);
+  // The arena for all-reduces on `device`; null where they are staged.
+  std::shared_ptr<SharedDeviceArena> shared_device(c10::Device device);
+  std::optional<c10::Device> shared_device_in_use() const;
 
  private:
   sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
@@ -179,6 +200,9 @@ class ProcessGroupDlop : public c10d::Backend {
   std::string namespace_;
   c10::intrusive_ptr<c10d::Backend> delegate_;  // set once, before the first call
   std::string delegate_name_;
+  mutable std::mutex sharing_mutex_;
+  DeviceSharer sharer_;                               // sharing_mutex_: until asked
+  std::shared_ptr<SharedDeviceArena> shared_device_;  // sharing_mutex_
   std::vector<c10::DeviceType> delegate_types_;
   bool stage_others_ = true;
   bool eager_connected_ = false;

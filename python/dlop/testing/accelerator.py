@@ -60,11 +60,13 @@ __all__ = [
     "default_stream",
     "device",
     "device_count",
+    "empty_shared",
     "host_waits",
     "init",
     "is_available",
     "is_initialized",
     "manual_seed",
+    "open_shared",
     "manual_seed_all",
     "seed",
     "seed_all",
@@ -263,6 +265,23 @@ def host_waits() -> int:
 def stream_priority(s: torch.Stream) -> int:
     """0, or -1 for a stream of high priority (recorded, not scheduled by)."""
     return _C.stream_priority(s.stream_id, s.device_index)
+
+
+# --- device memory shared between processes, as CUDA's IPC handles share a GPU's ---
+
+
+def empty_shared(nbytes: int, device: torch.device | str | int | None = None) -> tuple[torch.Tensor, str]:
+    """``nbytes`` of device memory (a uint8 tensor) that other processes can open, and its handle.
+
+    The memory lives while this tensor, or a tensor any process opened from the
+    handle, does; the handle opens only while this process keeps the tensor.
+    """
+    return _C.shared_device_memory(nbytes, _index(device))
+
+
+def open_shared(handle: str, nbytes: int, device: torch.device | str | int | None = None) -> torch.Tensor:
+    """Another process's :func:`empty_shared` memory, mapped here as a uint8 tensor on ``device``."""
+    return _C.open_shared_device_memory(handle, nbytes, _index(device))
 
 
 def event_queries() -> int:

@@ -1,0 +1,82 @@
+// Ranks that share one accelerator reduce in its memory, not through the host.
+//
+// Each rank of the group holds one buffer of device memory in two slots, and
+// maps every other rank's buffer (python/dlop/_shared_device.py exchanges the
+// handles once, through the store). An all-reduce goes in chunks of a slot:
+//   1. copy in: the caller's chunk into this rank's slot (premultiplied there
+//      for PREMUL_SUM), on the copy-out stream, after the caller's work;
+//   2. a host barrier, a 6-number all-reduce on the engine that also checks
+//      that every rank passed the same count, dtype and operation; it starts
+//      once the copy in has passed and this rank's previous reduce has (the
+//      stream's waiting thread says so; nothing polls);
+//   3. the reduce: every rank's slot, in rank order, into the caller's chunk,
+//      with the device's own kernels on the copy-back stream. Every rank sums
+//      in the same order, so every rank gets the same bits.
+// A slot is written again two chunks later, and only after the barrier of the
+// chunk between, which no rank enters before its reduce of the slot has
+// passed: no rank overwrites what another is still reading.
+//
+// What this path does not serve (other operations, tensors that are not
+// contiguous, empty or of a dtype or operation it has no kernel for, or any
+// call after a failure) is staged as before (staged_ops.hpp). After a failure,
+// the arena lets go of every rank's memory once its own queued work is done:
+// a dead peer's memory stays mapped in no survivor.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace dlop::backend {
+
+class ProcessGroupDlop;
+class HostSignal;
+
+class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena> {
+ public:
+  // slabs[r]: rank r's buffer (this rank's own, the others mapped), uint8,
+  // each of 2 * slot_bytes, all on `device`.
+  SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs, std::size_t slot_bytes);
+
+  c10::Device device() const { return device_; }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+  // Whether an all-reduce of `tensors` with `op` goes through device memory.
+  bool serves(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const;
+  // Until release().
+  bool serving() const;
+  // The all-reduce (serves() must have said yes).
+  c10::intrusive_ptr<c10d::Work> allreduce(ProcessGroupDlop& pg, at::Tensor& tensor, const c10d::AllreduceOptions& opts);
+  // Serves no more calls, and lets go of every rank's memory once what this
+  // rank queued on it has run (after a failure, and at shutdown).
+  void release();
+
+ private:
+  struct Chunk;
+  void copy_in(Chunk& chunk);  // with mutex_ held
+  void copied_in(std::uint64_t seq);
+  void barrier_done(std::uint64_t seq, const at::Tensor& agreed);
+  void reduced(std::uint64_t seq);
+
+  c10::Device device_;
+  int rank_;
+  std::size_t slot_bytes_;
+  c10::Stream to_slot_;    // copies in (the copy-out stream)
+  c10::Stream to_caller_;  // reduces (the copy-back stream)
+
+  mutable std::mutex mutex_;
+  std::vector<at::Tensor> slabs_;            // mutex_: empty once let go
+  bool released_ = false;                      // mutex_
+  std::uint64_t next_seq_ = 0;               // mutex_
+  std::uint64_t barriers_done_ = 0;          // mutex_: chunks below it have passed their barrier
+  std::uint64_t reduced_ = 0;                // mutex_: chunks below it have been reduced
+  std::map<std::uint64_t, std::shared_ptr<Chunk>> chunks_;  // mutex_: not yet reduced
+};
+
+}  // namespace dlop::backend

@@ -120,6 +120,7 @@ InternalStreams internal_streams(c10::Device device) {
     // kernels queued on low-priority streams.
     it = streams
              .emplace(key, InternalStreams{impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true),
+                                           impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true),
                                            impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true)})
              .first;
   }

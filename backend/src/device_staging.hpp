@@ -45,11 +45,15 @@ inline c10::Device call_device(const std::vector<at::Tensor>& tensors, std::stri
 // The same for nested lists (all-gather outputs, scatter inputs).
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists);
 
-// The process's two internal streams for a device: copies to the host, copies
-// back (two, so that chunk i's copy back need not wait for chunk i+1's copy out).
+// The process's internal streams for a device: copies to the host, copies
+// back (two, so that chunk i's copy back need not wait for chunk i+1's copy
+// out), and copies into shared device memory (shared_device.hpp: queued late,
+// each after its own caller's event, so they must not queue behind the
+// copy-out stream's waits for later calls).
 struct InternalStreams {
   c10::Stream to_host;
   c10::Stream to_device;
+  c10::Stream into_shared;
 };
 InternalStreams internal_streams(c10::Device device);
 

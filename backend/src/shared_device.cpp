@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <atomic>
 #include <functional>
@@ -65,6 +66,7 @@ struct SharedDeviceArena::Chunk {
   at::Tensor dest;    // where the reduce writes them (the same elements)
   std::optional<at::Tensor> factor;
   c10d::ReduceOp op;
+  std::shared_ptr<c10::Event> after_caller;  // the caller's work queued before the call
   std::shared_ptr<HostSignal> gate;
   bool copy_queued = false;
 };
@@ -143,7 +145,7 @@ SharedDeviceArena::SharedDeviceArena(c10::Device device, int rank, std::vector<a
     : device_(device),
       rank_(rank),
       slot_bytes_(slot_bytes),
-      to_slot_(internal_streams(device).to_host),
+      to_slot_(internal_streams(device).into_shared),
       to_caller_(internal_streams(device).to_device),
       slabs_(std::move(slabs)) {
   DLOP_CHECK_ARG(slabs_.size() >= 2 && rank_ >= 0 && static_cast<std::size_t>(rank_) < slabs_.size(),
@@ -180,7 +182,10 @@ bool SharedDeviceArena::serving() const {
 c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg, at::Tensor& tensor,
                                                             const c10d::AllreduceOptions& opts) {
   const auto factor = premul_factor(opts.reduceOp, tensor);
-  DeviceCall call(device_);  // the copies in follow the caller's queued work
+  DeviceCall call(device_);
+  // The copies in follow the caller's queued work, whenever they are queued.
+  auto after_caller = std::make_shared<c10::Event>(device_.type());
+  after_caller->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
   const auto flat = tensor.view(-1);
   const int64_t total = flat.numel();
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_) / tensor.element_size();
@@ -193,6 +198,7 @@ c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg
     chunk->dest = chunk->source;
     chunk->factor = factor;
     chunk->op = opts.reduceOp;
+    chunk->after_caller = after_caller;
     {
       std::lock_guard lock(mutex_);
       chunk->seq = next_seq_++;
@@ -239,6 +245,7 @@ void SharedDeviceArena::copy_in(Chunk& chunk) {
                   .narrow(0, slot * static_cast<int64_t>(slot_bytes_), bytes)
                   .view(chunk.source.scalar_type());
   const c10::StreamGuard guard(to_slot_);
+  chunk.after_caller->block(to_slot_);
   if (chunk.factor) {
     at::mul_out(mine, chunk.source, *chunk.factor);
   } else {

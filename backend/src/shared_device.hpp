@@ -4,7 +4,7 @@
 // maps every other rank's buffer (python/dlop/_shared_device.py exchanges the
 // handles once, through the store). An all-reduce goes in chunks of a slot:
 //   1. copy in: the caller's chunk into this rank's slot (premultiplied there
-//      for PREMUL_SUM), on the copy-out stream, after the caller's work;
+//      for PREMUL_SUM), on a stream of its own, after the caller's work;
 //   2. a host barrier, a 6-number all-reduce on the engine that also checks
 //      that every rank passed the same count, dtype and operation; it starts
 //      once the copy in has passed and this rank's previous reduce has (the
@@ -67,7 +67,7 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
   c10::Device device_;
   int rank_;
   std::size_t slot_bytes_;
-  c10::Stream to_slot_;    // copies in (the copy-out stream)
+  c10::Stream to_slot_;    // copies in
   c10::Stream to_caller_;  // reduces (the copy-back stream)
 
   mutable std::mutex mutex_;

@@ -67,6 +67,8 @@ Settings& settings() {
 
 thread_local c10::DeviceIndex tls_device = 0;
 thread_local bool tls_stream_worker = false;
+// Whether this thread is the worker of a high-priority stream.
+thread_local bool tls_high_priority = false;
 thread_local uint64_t tls_host_waits = 0;
 // The calling thread's current stream id per device; 0 (default) until set.
 thread_local std::vector<c10::StreamId> tls_streams;
@@ -106,7 +108,10 @@ class Registry {
     }
     auto& slot = device.workers[static_cast<size_t>(id)];
     if (!slot) {
-      slot = std::make_unique<StreamWorker>();
+      const bool high = (id > kPoolSize && id <= 2 * kPoolSize) ||
+                        std::find(device.high_priority.begin(), device.high_priority.end(), id) !=
+                            device.high_priority.end();
+      slot = std::make_unique<StreamWorker>(high);
     }
     return *slot;
   }
@@ -220,9 +225,17 @@ Engine::~Engine() {
   }
 }
 
-// The mutex first: flock is held per open file, so it orders processes only.
+// This process's turn first (a high-priority stream's task before any other
+// waiting), then flock: it is held per open file, so it orders processes only.
 void Engine::lock() {
-  mutex_.lock();
+  const bool high = tls_high_priority;
+  {
+    std::unique_lock state(mutex_);
+    high_waiting_ += high ? 1 : 0;
+    free_.wait(state, [&] { return !busy_ && (high || high_waiting_ == 0); });
+    high_waiting_ -= high ? 1 : 0;
+    busy_ = true;
+  }
   if (lock_fd_ >= 0) {
     while (::flock(lock_fd_, LOCK_EX) != 0 && errno == EINTR) {
     }
@@ -233,7 +246,11 @@ void Engine::unlock() {
   if (lock_fd_ >= 0) {
     ::flock(lock_fd_, LOCK_UN);
   }
-  mutex_.unlock();
+  {
+    std::lock_guard state(mutex_);
+    busy_ = false;
+  }
+  free_.notify_all();
 }
 
 Engine& engine(c10::DeviceIndex index, EngineKind kind) {
@@ -272,9 +289,10 @@ c10::Device resolve(c10::Device device) {
 
 // --- StreamWorker ---
 
-StreamWorker::StreamWorker()
-    : thread_([this] {
+StreamWorker::StreamWorker(bool high_priority)
+    : thread_([this, high_priority] {
         tls_stream_worker = true;
+        tls_high_priority = high_priority;
         run();
       }) {}
 

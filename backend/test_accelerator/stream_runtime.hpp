@@ -48,7 +48,9 @@ uint64_t event_queries();
 // to the device, one copies to the host. A task holds its engine while it runs,
 // so work on two streams of one engine takes turns, as on a GPU. Processes with
 // the same DLOP_TEST_DEVICE_SHARE share the engines of each device index too
-// (a lock file per engine): their compute time-slices one device.
+// (a lock file per engine): their compute time-slices one device. When an
+// engine frees up, a task of a high-priority stream waiting for it goes
+// first, as a GPU schedules a high-priority stream's blocks first.
 enum class EngineKind { kCompute, kToDevice, kToHost };
 class Engine {
  public:
@@ -61,6 +63,9 @@ class Engine {
 
  private:
   std::mutex mutex_;
+  std::condition_variable free_;
+  bool busy_ = false;     // mutex_
+  int high_waiting_ = 0;  // mutex_
   int lock_fd_ = -1;  // DLOP_TEST_DEVICE_SHARE's lock file, else none
 };
 Engine& engine(c10::DeviceIndex index, EngineKind kind);
@@ -79,7 +84,8 @@ c10::Device resolve(c10::Device device);
 // A stream's worker: a thread running queued tasks in order.
 class StreamWorker {
  public:
-  StreamWorker();
+  // A high-priority stream's worker goes first for an engine.
+  explicit StreamWorker(bool high_priority = false);
   ~StreamWorker();
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;
@@ -117,7 +123,7 @@ c10::Stream default_stream(c10::DeviceIndex index);
 c10::Stream pool_stream(c10::DeviceIndex index, bool high_priority = false);
 // A stream of its own; priority < 0 is high, as in CUDA.
 c10::Stream new_stream(c10::DeviceIndex index, int priority = 0);
-// 0, or -1 for high priority. Recorded only: the engines do not reorder by it.
+// 0, or -1 for high priority: the engines run a high-priority stream's waiting task first.
 int stream_priority(const c10::Stream& stream);
 // The calling thread's current stream of a device (its default stream until
 // exchanged); exchange_stream returns the previous one.

@@ -23,6 +23,8 @@ recorded on the current stream at hand-over), and when its future completed
 its Chrome trace there, and per bucket the staged call's copy out done, host
 operation start and end, and copies back done come from its "staged" spans;
 ``late_start_ms`` is the most any host operation started after its copy out.
+``device_path`` says how dlop moved the device tensors: ``staged``, ``shared``
+(the ranks share one device: reduced in its memory) or ``delegated``.
 
 On ``dlop_test`` the device's cost model is set from ``--op-us``,
 ``--tflops`` and ``--copy-gbps`` (docs/test_accelerator.md).
@@ -223,6 +225,11 @@ def main(argv=None) -> int:
             absent["gloo"] = f"Gloo serves CPU and CUDA tensors, not {device.type}"
             continue
         rows.append(measure(args, backend, device, control))
+    pg = dist.group.WORLD._get_backend(device)
+    if getattr(pg, "shared_device", None):
+        device_path = "shared"  # the ranks share the device: reduced in its memory
+    else:
+        device_path = "delegated" if getattr(pg, "device_backend", None) is not None else "staged"
     late = float("nan")
     if args.trace and "dlop" in args.backends:
         import dlop._C
@@ -234,8 +241,9 @@ def main(argv=None) -> int:
     if dist.get_rank() == 0:
         header = _common.run_header(benchmark="ddp_overlap", ranks=dist.get_world_size(), device=str(device),
                                     layers=args.layers, width=args.width, batch=args.batch, absent=absent,
-                                    late_start_ms=lates.item())
+                                    late_start_ms=lates.item(), device_path=device_path)
         print(_common.header_comment(header))
+        print(f"# dlop's device path: {device_path}")
         print(f"# {'backend':>8} {'compute ms':>10} {'comm ms':>8} {'step ms':>8} {'overlap':>8}")
         for r in rows:
             print(f"  {r['backend']:>8} {r['compute_ms']:>10.2f} {r['comm_ms']:>8.2f} {r['step_ms']:>8.2f} "

@@ -75,8 +75,13 @@ def _accelerator() -> str | None:
 
 def _devices_of_ranks(store, key: str, rank: int, size: int, device_type: str, index: int | None = None) -> list[str]:
     """Each rank's device (its current one, or `index`); every rank reads the same list."""
-    store.set(f"{key}/{rank}", _device_in_use(device_type, index))
+    store.set(f"{key}/{rank}", _device_in_use(device_type) if index is None else _device_in_use(device_type, index))
     return [store.get(f"{key}/{r}").decode() for r in range(size)]
+
+
+def _each_rank_has_own_device(store, rank: int, size: int, device_type: str) -> bool:
+    """Whether no two ranks of the group use the same device; every rank answers the same."""
+    return len(set(_devices_of_ranks(store, "dlop-devices", rank, size, device_type))) == size
 
 
 def _log(namespace: str, level: str, message: str) -> None:
@@ -152,8 +157,7 @@ def attach_device_backend(pg, dist_options) -> None:
             return
         native = _native()
         if name == "auto" and native is not None and native[0] == device_type:
-            devices = _devices_of_ranks(store, "dlop-devices", rank, size, device_type)
-            if len(set(devices)) == size:
+            if _each_rank_has_own_device(store, rank, size, device_type):
                 pg.set_device_backend(_make(native[1], store, dist_options), native[1], [device_type], True)
                 _log(pg.store_namespace, "info", f"each rank has a {device_type} device of its own: {native[1]} serves them")
                 return

@@ -238,15 +238,18 @@ def _overlap(tmp_path, run: int, path: str = "staged") -> dict:
 
 @pytest.mark.alone
 @pytest.mark.timeout(600)
-def test_ddp_hides_its_communication_in_shared_device_memory_behind_the_backward_pass(tmp_path):
-    # The same model as below, both ranks on one device: the all-reduces are
-    # a small fraction of the compute here, so what shows is how late each
-    # bucket's reduce starts and ends.
+def test_ddp_on_a_shared_device_adds_almost_nothing_to_the_step(tmp_path):
+    # The same model as below, both ranks on one device. Reduced in device
+    # memory, its all-reduces cost about 1% of the compute (the staged path's
+    # about 33%), so their overlap ratio is within the step's noise here: what
+    # a user relies on is that the step costs barely more than its compute.
     runs = [_overlap(tmp_path, 0, "shared")]
-    if runs[0]["overlap"] < 0.8:
+    if runs[0]["step_ms"] - runs[0]["compute_ms"] > 0.02 * runs[0]["compute_ms"]:
         runs.append(_overlap(tmp_path, 1, "shared"))
     assert all(r["device_path"] == "shared" for r in runs), runs
-    assert max(r["overlap"] for r in runs) >= 0.8, runs
+    best = min(runs, key=lambda r: r["step_ms"] - r["compute_ms"])
+    assert best["comm_ms"] <= 0.05 * best["compute_ms"], best
+    assert best["step_ms"] - best["compute_ms"] <= 0.02 * best["compute_ms"], best
 
 
 @pytest.mark.alone

@@ -8,7 +8,9 @@ Per backend (dlop, and Gloo where Gloo serves the device), in the same run,
 on the same model (an MLP of ``--layers`` layers of ``--width``, batch
 ``--batch``):
 
-* ``compute_ms``: forward, backward and optimiser step with no communication;
+* ``compute_ms``: the same DDP step with a communication hook that sends
+  nothing (its future done at once): forward, backward, DDP's own bucketing
+  and optimiser step, so that only the communication differs from ``step_ms``;
 * ``comm_ms``: the step's bucket all-reduces alone, on an idle device, handed
   over back to back in DDP's order;
 * ``step_ms``: the DDP step;
@@ -16,7 +18,7 @@ on the same model (an MLP of ``--layers`` layers of ``--width``, batch
   fully hidden, 0 when none of it is.
 
 Each is the slowest rank's median over ``--steps`` steps, each step ending
-with the device synchronised. Per bucket of the last DDP step (rank 0):
+with the device synchronised and every rank done with it (a CPU barrier). Per bucket of the last DDP step (rank 0):
 when DDP handed it over (host), when its gradients were computed (an event
 recorded on the current stream at hand-over), and when its future completed
 (host), in ms from the step's start. With ``--trace DIR`` dlop also writes
@@ -136,6 +138,13 @@ def _step(model, optimizer, x) -> None:
     optimizer.zero_grad(set_to_none=False)
 
 
+def _no_communication(_state, bucket):
+    """A DDP communication hook that sends nothing: the bucket as it is, at once."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
 def measure(args, backend: str, device, control) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -151,13 +160,17 @@ def measure(args, backend: str, device, control) -> dict:
             t = time.perf_counter()
             fn()
             module.synchronize(device)
+            # Until the slowest rank is done with this step: a DDP step waits
+            # for it, so every measure does, or their noise differs.
+            dist.barrier(group=control)
             samples.append(time.perf_counter() - t)
         return samples
 
-    plain = _model(args, device)
-    plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
-    timed(lambda: _step(plain, plain_opt, x), args.warmup)
-    compute = _slowest_median(timed(lambda: _step(plain, plain_opt, x), args.steps), control)
+    silent = DDP(_model(args, device), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
+    silent.register_comm_hook(None, _no_communication)
+    silent_opt = torch.optim.SGD(silent.parameters(), lr=1e-3)
+    timed(lambda: _step(silent, silent_opt, x), args.warmup)
+    compute = _slowest_median(timed(lambda: _step(silent, silent_opt, x), args.steps), control)
 
     ddp = DDP(_model(args, device), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
     timeline = Timeline(module, device)
@@ -180,9 +193,19 @@ def measure(args, backend: str, device, control) -> dict:
 
     timed(replay, args.warmup)
     comm = _slowest_median(timed(replay, args.steps), control)
+    path = _device_path(group, device) if backend == "dlop" else None
     dist.destroy_process_group(group)
     return {"backend": backend, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3, "step_ms": step * 1e3,
-            "overlap": (compute + comm - step) / comm if comm > 0 else float("nan"), "buckets": buckets}
+            "overlap": (compute + comm - step) / comm if comm > 0 else float("nan"), "buckets": buckets,
+            "device_path": path}
+
+
+def _device_path(group, device) -> str:
+    """How dlop moved the group's device tensors."""
+    pg = group._get_backend(device)
+    if getattr(pg, "shared_device", None):
+        return "shared"  # the ranks share the device: reduced in its memory
+    return "delegated" if getattr(pg, "device_backend", None) is not None else "staged"
 
 
 def staged_spans(trace_dir: str) -> list[dict]:
@@ -225,11 +248,7 @@ def main(argv=None) -> int:
             absent["gloo"] = f"Gloo serves CPU and CUDA tensors, not {device.type}"
             continue
         rows.append(measure(args, backend, device, control))
-    pg = dist.group.WORLD._get_backend(device)
-    if getattr(pg, "shared_device", None):
-        device_path = "shared"  # the ranks share the device: reduced in its memory
-    else:
-        device_path = "delegated" if getattr(pg, "device_backend", None) is not None else "staged"
+    device_path = next((r["device_path"] for r in rows if r["backend"] == "dlop"), None)
     late = float("nan")
     if args.trace and "dlop" in args.backends:
         import dlop._C

@@ -7,8 +7,9 @@
 #   ucx      --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any
 # Writes <config>.{txt,json} into the run folder
 # bench/results/allreduce_vs_mpi/<UTC date>-<short commit>/ (or $DLOP_OUT), with
-# its run.md (date, commit, machine, command); each .txt starts with the
-# command line that made it.
+# its README.md (date, commit, machine, command); each .txt starts with the
+# command line that made it. At the end bench/pack_results.py packs the folder
+# (README.md, summary.json, raw.tar.xz).
 #
 #   bench/run_allreduce_vs_mpi.sh [CONFIG...] [-- EXTRA dlop-bench OPTIONS]
 #   e.g. bench/run_allreduce_vs_mpi.sh ucx -- -e 1M --reps 9
@@ -59,3 +60,6 @@ for config in "${configs[@]}"; do
     python3 bench/median_of_runs.py "${jsons[@]}" | tee "$out/${config}_median.txt"
   fi
 done
+
+# The run folder as bench/results keeps it: README.md, summary.json, raw.tar.xz.
+pack_run_folder

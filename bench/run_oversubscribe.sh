@@ -7,8 +7,9 @@
 # idle engine uses.
 # Each run goes to <name>.{txt,json} in the run folder
 # bench/results/oversubscribe/<UTC date>-<short commit>/ (or $DLOP_OUT), with its
-# run.md (date, commit, machine, command); each .txt starts with the command
-# that made it and the machine's load.
+# README.md (date, commit, machine, command); each .txt starts with the command
+# that made it and the machine's load. At the end bench/pack_results.py packs
+# the folder (README.md, summary.json, raw.tar.xz).
 #
 #   bench/run_oversubscribe.sh [RANKS...]     default: 2 3 4 8
 # DLOP_RUNS=N repeats each (files _run<k>, then _median.txt per rank count).
@@ -71,3 +72,6 @@ done
 # An idle engine: 2 ranks that made one all-reduce, then wait 10 s on a
 # barrier of the bootstrap (not the engine); CPU seconds each used meanwhile.
 "$python" bench/idle_cpu.py | tee "$out/idle_cpu.txt"
+
+# The run folder as bench/results keeps it: README.md, summary.json, raw.tar.xz.
+pack_run_folder

@@ -116,7 +116,7 @@ done
 # 5. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
 run imagenet_ddp_dlop_traced env DLOP_TRACE="$OUT/trace" CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" \
   examples/imagenet_ddp.py --dist-backend dlop --device "$DEV" "${IMAGENET[@]}"
-run trace_summary "$PY" -m dlop.bench.trace_summary "$OUT/trace" --json "$OUT/trace_summary.json"
+run trace_summary "$PY" -m dlop.report.trace "$OUT/trace" --json "$OUT/trace_summary.json"
 
 echo "took $(($(date +%s) - START)) s in all"
 echo "results in $OUT"

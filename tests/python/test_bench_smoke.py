@@ -1,7 +1,7 @@
 """The Python benchmarks run for 2 ranks at tiny sizes and write well-formed JSON.
 
 Fast smoke tests of dlop.bench.c10d (under torchrun), dlop.bench.ddp (spawning
-its own ranks) and dlop.bench.report; the figures themselves are not checked,
+its own ranks) and dlop.report.tables; the figures themselves are not checked,
 only that every row is there, has the documented fields, and that every
 checked collective gave the expected values (#wrong 0) on dlop and on Gloo.
 """
@@ -118,7 +118,7 @@ def test_report_writes_markdown_for_both_kinds(c10d_json, ddp_json, tmp_path):
         files.append(tmp_path / name)
         files[-1].write_text(json.dumps(data))
     out = tmp_path / "report.md"
-    _run(["-m", "dlop.bench.report", *map(str, files), "--out", str(out)])
+    _run(["-m", "dlop.report.tables", *map(str, files), "--out", str(out)])
     text = out.read_text()
     assert "### all_reduce" in text and "busbw dlop/gloo" in text
     assert "| transformer |" in text
@@ -131,7 +131,7 @@ def test_report_plots_are_pngs(ddp_json, tmp_path):
 
     path = tmp_path / "d.json"
     path.write_text(json.dumps(ddp_json))
-    _run(["-m", "dlop.bench.report", str(path), "--out", str(tmp_path / "r.md"), "--plots", str(tmp_path / "plots")])
+    _run(["-m", "dlop.report.tables", str(path), "--out", str(tmp_path / "r.md"), "--plots", str(tmp_path / "plots")])
     raw = (tmp_path / "plots" / "ddp.png").read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR"
     assert struct.unpack(">II", raw[16:24]) == (11 * 110, 4 * 110)  # plot_ddp: figsize (11, 4) at 110 dpi

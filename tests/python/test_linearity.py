@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from dlop.bench import linearity, linearity_calibrate as cal, linearity_report as lr, scaling_model as sm
-from dlop.bench.linearity_plots import PLOT_DPI, PLOT_INCHES
-from dlop.bench.linearity_text import PLOTS
+from dlop.bench import linearity as runner
+from dlop import cli
+from dlop.report import linearity, linearity_report as lr, linearity_terms as lt, scaling_model as sm
+from dlop.report.linearity_plots import PLOT_DPI, PLOT_INCHES
+from dlop.report.linearity_text import PLOTS
 
 pytestmark = pytest.mark.long_file(seconds=110)  # handed out first (conftest.py)
 
-DLOP = Path(sys.executable).with_name("dlop")
 MIB = 2**20
 CORES = 2
 BUCKET = 25 * MIB
@@ -64,7 +65,7 @@ def synthetic(scale: float = 1.0) -> dict:
         return [{"bytes": b, "time_us": sm.ring_allreduce(b, 2, link) * 1e6} for b in (8, 64 << 10, MIB, 16 * MIB)]
 
     def cpu_rows(cpu_of):  # dlop.bench.c10d's rows of a 2-rank all-reduce, CPU per call
-        return [{"impl": b, "bytes": cal.CPU_BYTES, "cpu_us": cpu_of[b] * cal.CPU_BYTES / 1e3} for b in lr.BACKENDS]
+        return [{"impl": b, "bytes": lt.CPU_BYTES, "cpu_us": cpu_of[b] * lt.CPU_BYTES / 1e3} for b in lr.BACKENDS]
 
     def p2p_rows(link):
         return [{"bytes": 8, "latency_us": link.latency_us, "bandwidth_gbps": 8 / link.latency_us / 1e3},
@@ -80,11 +81,11 @@ def synthetic(scale: float = 1.0) -> dict:
     two = [ddp_row("none", 1, COMPUTE, COMPUTE, 1.0)]
     two += [ddp_row(b, 2, 0, COMPUTE + BACKEND_CPU[b],
                     sm.linearity(truth(b, sm.Link(1, 0)), "ring", layout(1, 2), BUCKET)) for b in lr.BACKENDS]
-    intra_cpu = cal.cpu_per_byte(cpu_rows({b: INTRA[b].cpu_ns_per_byte for b in lr.BACKENDS}))
-    calibration = {"run": 0, "intra": {b: dict(cal.link_of(ring_rows(INTRA[b]), 2), cpu_ns_per_byte=intra_cpu[b])
+    intra_cpu = lt.cpu_per_byte(cpu_rows({b: INTRA[b].cpu_ns_per_byte for b in lr.BACKENDS}))
+    calibration = {"run": 0, "intra": {b: dict(lt.link_of(ring_rows(INTRA[b]), 2), cpu_ns_per_byte=intra_cpu[b])
                                        for b in lr.BACKENDS},
-                   "split": {"m": {"backward_share": SHARE}}, "ddp": {"m": cal.ddp_terms(one, two, "m")},
-                   "net": {rate: dict(cal.p2p_link(p2p_rows(link)), cpu_ns_per_byte=cal.cpu_per_byte(cpu_rows(NET_CPU)))
+                   "split": {"m": {"backward_share": SHARE}}, "ddp": {"m": lt.ddp_terms(one, two, "m")},
+                   "net": {rate: dict(lt.p2p_link(p2p_rows(link)), cpu_ns_per_byte=lt.cpu_per_byte(cpu_rows(NET_CPU)))
                            for rate, link in NET.items()},
                    "crowded": {"ranks": 2 * CORES, "cores": CORES,
                                "cpu_ns_per_byte": {b: INTRA[b].cpu_ns_per_byte * CROWDING[b] for b in lr.BACKENDS}}}
@@ -338,9 +339,9 @@ def test_cluster_assumptions_move_the_predictions(tmp_path):
     (tmp_path / "a").mkdir()
     report = lr.build(HEADER, synthetic(), settings())
     lr.write(report, str(tmp_path / "a"))
-    assert linearity.main(["--from-json", str(tmp_path / "a" / "linearity.json"), "--out", str(tmp_path / "b"),
-                           "--link-gbps", "1,400", "--latency-us", "50", "--ranks-per-host", "4", "--predict", "64",
-                           "--step-ms", "20", "--intra-gbps", "800", "--net-cpu-ns", "0"]) == 0
+    assert cli.main(["report", "linearity", "--from-json", str(tmp_path / "a" / "linearity.json"),
+                     "--out", str(tmp_path / "b"), "--link-gbps", "1,400", "--latency-us", "50", "--ranks-per-host", "4",
+                     "--predict", "64", "--step-ms", "20", "--intra-gbps", "800", "--net-cpu-ns", "0"]) == 0
     again = json.loads((tmp_path / "b" / "linearity.json").read_text())
     assert again["checks"] == json.loads((tmp_path / "a" / "linearity.json").read_text())["checks"]
     cells = {(p["compute"], p["algorithm"], p["link_gbps"]): p["linearity"]["64"] for p in again["predicted"]}
@@ -360,12 +361,21 @@ def test_cluster_assumptions_move_the_predictions(tmp_path):
     assert costly[("gpu", "ring", 100.0)] < calibrated[("gpu", "ring", 100.0)]
 
 
+@pytest.mark.parametrize("args, words", [(["--link-gbps", "0"], "positive"), (["--predict", "16,0"], "positive"),
+                                         (["--net-cpu-ns", "-1"], "0 or more"), ([], "--from-json")])
+def test_bad_arguments_name_the_problem(tmp_path, capsys, args, words):
+    json_path = [] if not args else ["--from-json", str(tmp_path / "linearity.json")]
+    with pytest.raises(SystemExit) as stop:
+        linearity.main(["--out", str(tmp_path), *json_path, *args])
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, words", [(["--layouts", "1x2"], "at least 2 hosts"), (["--models", "nope"], "nope"),
                                          (["--link-gbps", "0"], "positive"), (["--runs", "0"], "positive"),
                                          (["--net-cpu-ns", "-1"], "0 or more")])
-def test_bad_arguments_name_the_problem(tmp_path, capsys, args, words):
+def test_bad_runner_arguments_name_the_problem(tmp_path, capsys, args, words):
     with pytest.raises(SystemExit) as stop:
-        linearity.main(["--out", str(tmp_path), *args])
+        runner.main(["--out", str(tmp_path), *args])
     assert stop.value.code == 2 and words in capsys.readouterr().err
 
 
@@ -376,7 +386,7 @@ def test_multihost_report_on_namespace_hosts(tmp_path):
     if not ok:
         pytest.skip(f"network namespaces cannot be made here: {why}")
     start = time.monotonic()
-    done = subprocess.run([str(DLOP), "report", "linearity", "--layouts", "2x1", "--rates", "1gbit", "--runs", "1",
+    done = subprocess.run([sys.executable, "-m", "dlop.bench.linearity", "--layouts", "2x1", "--rates", "1gbit", "--runs", "1",
                            "--sizes", "1M", "--batch", "2", "--steps", "1", "--warmup", "1", "-r", "1",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -386,7 +396,7 @@ def test_multihost_report_on_namespace_hosts(tmp_path):
     assert 0.5 < terms[("net_gbps", "1gbit")] <= 1.0  # what TCP carries over a 1 Gbit/s tbf
     assert terms[("intra_gbps", "dlop")] > 4 * terms[("net_gbps", "1gbit")]  # shared memory beats the link
     cores = data["header"]["cores"]
-    assert all(terms[("crowding", f"{b}, {cal.crowded_ranks(cores)} ranks on {cores} cores")] > 0 for b in lr.BACKENDS)
+    assert all(terms[("crowding", f"{b}, {lt.crowded_ranks(cores)} ranks on {cores} cores")] > 0 for b in lr.BACKENDS)
     for a in data["checks"]["allreduce"]:
         assert a["measured_ms"] >= MIB * 8 / 1e9 * 1e3  # 2 ranks: each sends 1 MiB across the 1 Gbit/s link
     ddp = [(c["backend"], c["rate"], c["hosts"], c["per_host"]) for c in data["checks"]["ddp"] if not c["in_sample"]]

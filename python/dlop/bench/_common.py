@@ -10,7 +10,8 @@ import shlex
 import subprocess
 import sys
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# The reports' own helpers, shared with the benchmarks that write what they read.
+from dlop.report.common import UNITS, format_size, median, percentile, read_rows  # noqa: F401
 
 
 def parse_size(text: str) -> int:
@@ -18,16 +19,9 @@ def parse_size(text: str) -> int:
     text = text.strip()
     digits = len(text) - len(text.lstrip("0123456789"))
     unit = text[digits:].upper()
-    if digits == 0 or unit not in _UNITS:
+    if digits == 0 or unit not in UNITS:
         raise ValueError(f"'{text}' is not a size like 8, 4K, 256M or 1G")
-    return int(text[:digits]) * _UNITS[unit]
-
-
-def format_size(size: int) -> str:
-    for unit in ("G", "M", "K"):
-        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
-            return f"{size // _UNITS[unit]}{unit}"
-    return str(size)
+    return int(text[:digits]) * UNITS[unit]
 
 
 def size_range(minimum: int, maximum: int, factor: int) -> list[int]:
@@ -38,22 +32,6 @@ def size_range(minimum: int, maximum: int, factor: int) -> list[int]:
         sizes.append(size)
         size *= factor
     return sizes
-
-
-def percentile(values, q: float) -> float:
-    """The value at fraction q of the sorted values (nearest rank); 0 for none."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def median(values) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def cpu_count() -> int:
@@ -127,15 +105,6 @@ def write_json(path: str, header: dict, rows: list[dict]) -> None:
     with open(path, "w") as out:
         json.dump({"header": header, "rows": rows}, out, indent=2, sort_keys=True)
         out.write("\n")
-
-
-def read_rows(path: str) -> tuple[dict, list[dict]]:
-    """A benchmark's JSON file: {"header", "rows"} (ours and dlop-bench's) or a bare list of rows."""
-    with open(path) as f:
-        data = json.load(f)
-    if isinstance(data, list):
-        return {}, data
-    return data.get("header", {}), data.get("rows", [])
 
 
 def stop_processes(procs: list) -> None:

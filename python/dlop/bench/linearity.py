@@ -30,8 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from dlop.bench import _common, linearity_calibrate as cal, linearity_checks as checks, linearity_report
+from dlop.bench import _common, linearity_calibrate as cal, linearity_checks as checks
 from dlop.bench.ddp_models import MODELS
+from dlop.report import linearity as report
+from dlop.report.linearity_terms import ddp_terms
 
 RETRY_PAUSE_S = 30
 
@@ -43,15 +45,8 @@ def _layout(text: str) -> tuple[int, int]:
     return int(hosts), int(per_host)
 
 
-def _positive_list(text: str, kind=int) -> list:
-    values = [kind(x) for x in text.split(",") if x.strip()]
-    if not values or any(v <= 0 for v in values):
-        raise ValueError(f"expected positive numbers, not {text!r}")
-    return values
-
-
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="dlop report linearity", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dlop.bench.linearity", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the report, its JSON and PNGs (created)")
     p.add_argument("--models", default="transformer", help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--layouts", default="2x1,2x2,3x1", help="HOSTSxRANKS_PER_HOST on namespace hosts, to check")
@@ -64,30 +59,14 @@ def parse_args(argv=None):
     p.add_argument("-r", "--repetitions", type=int, default=2, help="DDP, all-reduce and p2p repetitions per run")
     p.add_argument("--batch", type=int, default=0, help="samples per rank and step (0: the model's default)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--link-gbps", default="10,25,100", help="predictions: network links (Gbit/s)")
-    p.add_argument("--latency-us", "--link-latency-us", dest="latency_us", type=float, default=5.0,
-                   help="predictions: the network link's one-way latency")
-    p.add_argument("--ranks-per-host", type=int, default=8, help="predictions: ranks per host")
-    p.add_argument("--cores-per-rank", type=float, default=2.0,
-                   help="predictions: cores each rank has (its compute threads and the backend's)")
-    p.add_argument("--intra-gbps", type=float,
-                   help="predictions: the intra-host link (default: dlop's, as calibrated on this host)")
-    p.add_argument("--net-cpu-ns", type=float,
-                   help="predictions: CPU per byte a rank sends across hosts (default: dlop's, as calibrated here)")
-    p.add_argument("--step-ms", type=float, help="predictions: also a GPU column, this GPU step time of the model")
-    p.add_argument("--predict", default="16,32,64,128,256,512,1024", help="predictions: rank counts")
-    p.add_argument("--from-json", help="no runs: report again from this linearity.json's measurements")
+    report.add_prediction_arguments(p)
     args = p.parse_args(argv)
     try:
         args.layouts = [_layout(x) for x in args.layouts.split(",") if x.strip()]
-        args.predict = _positive_list(args.predict)
-        args.link_gbps = _positive_list(args.link_gbps, float)
-        _positive_list(f"{args.runs},{args.threads},{args.ranks_per_host},{args.cores_per_rank},{args.step_ms or 1},"
-                       f"{args.intra_gbps or 1}", float)
-        if args.net_cpu_ns is not None and args.net_cpu_ns < 0:
-            raise ValueError(f"--net-cpu-ns must be 0 or more, not {args.net_cpu_ns:g}")
+        report.positive_list(f"{args.runs},{args.threads}")
     except ValueError as e:
         p.error(str(e))
+    report.check_prediction_arguments(p, args)
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if unknown := [m for m in args.models if m not in MODELS]:
@@ -140,7 +119,7 @@ def measure(args) -> dict:
                       "gloo": dict(through_torch["gloo"], cpu_ns_per_byte=cpu["gloo"])},
             # Forked too: this process must not start torch's thread pool (forked.py says why).
             "split": {m: forked.call(cal.split, m, args.batch, args.threads, args.steps + 2) for m in args.models},
-            "ddp": {m: cal.ddp_terms(one, two, m) for m in args.models}, "net": {}, "crowded": crowded})
+            "ddp": {m: ddp_terms(one, two, m) for m in args.models}, "net": {}, "crowded": crowded})
         for rate in args.rates:
             shaped = None if rate == "none" else rate
             with netns.Hosts(max(h for h, _ in args.layouts), shaped) as hosts:
@@ -173,23 +152,12 @@ def measure(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.from_json:
-        header, measurements = linearity_report.read_measured(args.from_json)
-    else:
-        header = _common.run_header(benchmark="linearity", threads_per_rank=args.threads, steps=args.steps,
-                                    warmup=args.warmup, repetitions=args.repetitions, runs=args.runs,
-                                    layouts=[f"{h}x{p}" for h, p in args.layouts], rates=args.rates,
-                                    sizes=args.sizes, batch=args.batch, bucket_cap_mb=args.bucket_cap_mb,
-                                    models=args.models)
-        measurements = measure(args)
-    settings = linearity_report.Settings(
-        link_gbps=args.link_gbps, latency_us=args.latency_us, ranks_per_host=args.ranks_per_host,
-        cores_per_rank=args.cores_per_rank, predict=args.predict, step_ms=args.step_ms, intra_gbps=args.intra_gbps,
-        net_cpu_ns=args.net_cpu_ns,
-        bucket_bytes=header.get("bucket_cap_mb", args.bucket_cap_mb) * 2**20)
-    report = linearity_report.build(header, measurements, settings)
-    written = linearity_report.write(report, args.out)
-    print(f"linearity: wrote {', '.join(written)}", file=sys.stderr)
+    header = _common.run_header(benchmark="linearity", threads_per_rank=args.threads, steps=args.steps,
+                                warmup=args.warmup, repetitions=args.repetitions, runs=args.runs,
+                                layouts=[f"{h}x{p}" for h, p in args.layouts], rates=args.rates,
+                                sizes=args.sizes, batch=args.batch, bucket_cap_mb=args.bucket_cap_mb,
+                                models=args.models)
+    report.write(header, measure(args), args)
     return 0
 
 

@@ -29,13 +29,12 @@ import time
 from pathlib import Path
 
 from dlop.bench import _common, forked
-from dlop.bench import scaling_model as sm
+from dlop.report.linearity_terms import CPU_BYTES, cpu_per_byte, crowded_ranks, link_of, p2p_link
 
 INTRA_SIZES = "8,64K,1M,4M"
 # Timed calls per size and repetition for Gloo's intra-host link: its median needs no more, and the c10d
 # benchmark's default (up to 1000 calls at 8 B) took most of a 10-second term.
 INTRA_GLOO_ITERS = 30
-CPU_BYTES = 4 << 20  # the all-reduce whose CPU per call gives a link's CPU per byte (bandwidth-bound, and brief)
 RUN_TIMEOUT_S = 900
 
 
@@ -93,13 +92,6 @@ def _wait_all(procs: list[subprocess.Popen], what: str, log: Path) -> None:
         raise RuntimeError(f"{what} failed (exits {codes}); see {log}")
 
 
-def link_of(rows: list[dict], ranks: int) -> dict:
-    """A ring all-reduce's rows (bytes, time_us) as a link: 2(N-1) hops, 2(N-1)/N of the bytes."""
-    points = [(2 * (ranks - 1), 2 * (ranks - 1) / ranks * r["bytes"], r["time_us"] * 1e-6) for r in rows]
-    link = sm.fit_link(points)
-    return {"gbps": link.gbps, "latency_us": link.latency_us}
-
-
 def intra_dlop(out: Path, tag: str) -> dict:
     path = out / f"intra_dlop_{tag}.json"
     _run([dlop_bench(), "allreduce", "--local", "2", "-b", "8", "-e", "4M", "-f", "8", "--reps", "3", "--inplace",
@@ -114,12 +106,6 @@ def c10d_args(impls: str, sizes: str, repetitions: int, json_path: Path | None, 
     args = ["--ops", "all_reduce", "--impls", impls, "--sizes", sizes, "-r", str(repetitions), "-c", str(int(check)),
             "-n", str(iters)]
     return args + (["--json", str(json_path)] if json_path else [])
-
-
-def cpu_per_byte(rows: list[dict], nbytes: int = CPU_BYTES) -> dict[str, float]:
-    """{impl: CPU ns per byte each rank sends}: dlop.bench.c10d's CPU per call of a 2-rank all-reduce of `nbytes`
-    (a 2-rank ring sends each rank's whole buffer once)."""
-    return {r["impl"]: r["cpu_us"] * 1e3 / r["bytes"] for r in rows if r["bytes"] == nbytes}
 
 
 def _local_c10d(name: str, out: Path, port: int, ranks: int, args_of, env: dict) -> list[dict]:
@@ -139,11 +125,6 @@ def intra_c10d(out: Path, tag: str, port: int) -> dict:
     rows = _local_c10d(f"intra_c10d_{tag}", out, port, 2,
                        lambda path: c10d_args("dlop,gloo", INTRA_SIZES, 3, path, iters=INTRA_GLOO_ITERS), {})
     return {"gloo": link_of([r for r in rows if r["impl"] == "gloo"], 2), "cpu_ns_per_byte": cpu_per_byte(rows)}
-
-
-def crowded_ranks(cores: int) -> int:
-    """The ranks of the crowded all-reduce: two per core, at most 16 (enough to tell the slope)."""
-    return min(2 * cores, 16)
 
 
 def crowded_c10d(out: Path, tag: str, port: int, cores: int, repetitions: int) -> dict:
@@ -198,12 +179,6 @@ def network(hosts, out: Path, tag: str, port: int, repetitions: int) -> dict:
     return p2p_link(_common.read_rows(str(path))[1])
 
 
-def p2p_link(rows: list[dict]) -> dict:
-    """dlop-bench p2p's rows as a link: the smallest message's one-way latency, the largest's bandwidth."""
-    small, large = min(rows, key=lambda r: r["bytes"]), max(rows, key=lambda r: r["bytes"])
-    return {"latency_us": small["latency_us"], "gbps": large["bandwidth_gbps"] * 8}
-
-
 def split(model: str, batch: int, threads: int, steps: int) -> dict:
     """The model alone: seconds per step, CPU seconds per step, and backward's share of the step."""
     import torch
@@ -244,27 +219,3 @@ def ddp_local(ddp_args: list[str], ranks: int, out: Path, tag: str) -> list[dict
                   f"a {ranks}-rank dlop.bench.ddp run", log)
     background = meter.background_cores()
     return [dict(r, background_cores=background) for r in _common.read_rows(str(path))[1]]
-
-
-def ddp_terms(one: list[dict], two: list[dict], model: str) -> dict:
-    """compute and compute_cpu (the model alone at 1 rank), then per backend its 1-rank overhead and its CPU per
-    rank and step at 2 ranks, and its linearity there (the in-sample check)."""
-    alone = next(r for r in one if r["model"] == model and r["backend"] == "none")
-    # Compute as on a quiet machine: a single-threaded step's CPU time, or its wall time where threads made it
-    # shorter; the wall time alone would carry whatever else ran beside it.
-    cpu = alone["cpu_ms_per_step"] / 1e3
-    compute = min(alone["step_ms"] / 1e3, cpu)
-    terms = {"compute_s": compute, "compute_cpu_s": cpu, "gradient_bytes": alone["gradient_mib"] * 2**20,
-             "overhead_s": {}, "backend_cpu_s": {}, "linearity_2": {}}
-    for r in one:
-        if r["model"] == model and r["backend"] != "none":
-            terms["overhead_s"][r["backend"]] = max(0.0, r["step_ms"] / 1e3 - alone["step_ms"] / 1e3)
-    # Beyond the model alone of the same run, which ran beside the same idle ranks.
-    alone_two_row = next(r for r in two if r["model"] == model and r["backend"] == "none")
-    alone_two = alone_two_row["cpu_ms_per_step"] / 1e3
-    for r in two:
-        if r["model"] == model and r["backend"] != "none":
-            terms["backend_cpu_s"][r["backend"]] = max(0.0, r["cpu_ms_per_step"] / 1e3 - alone_two)
-            terms["linearity_2"][r["backend"]] = r["linearity"]
-    terms["background_cores"] = {"1": alone["background_cores"], "2": alone_two_row["background_cores"]}
-    return terms

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dlop.bench import _common
-from dlop.bench.linearity_report import SOURCES
+from dlop.report.common import format_size
+from dlop.report.linearity_terms import SOURCES
 
 PLOTS = ("checks.png", "predicted.png")
 
@@ -64,13 +64,13 @@ def _checks(report: dict) -> list[str]:
     out += _table(["model", "backend", "algorithm", "link", "layout", "cores/rank", "measured", "predicted", "band",
                    "error", "within 0.05", "each run: other work (cores): measured / predicted"], rows, 5)
     out += ["", "### All-reduce time", ""]
-    rows = [[a["rate"], _layout(a), a["column"], _common.format_size(a["bytes"]), f"{a['measured_ms']:.2f}",
+    rows = [[a["rate"], _layout(a), a["column"], format_size(a["bytes"]), f"{a['measured_ms']:.2f}",
              f"{a['predicted_ms']:.2f}", f"{a['band_ms'][0]:.2f} - {a['band_ms'][1]:.2f}", f"{100 * a['error']:+.1f}"]
             for a in c["allreduce"]]
     out += _table(["link", "layout", "column", "size", "measured (ms)", "predicted (ms)", "band (ms)", "error (%)"],
                   rows, 3)
     out += ["", "### Ring or hierarchical", ""]
-    rows = [[w["rate"], _layout(w), _common.format_size(w["bytes"]), w["measured"], f"{w['measured_ratio']:.2f}",
+    rows = [[w["rate"], _layout(w), format_size(w["bytes"]), w["measured"], f"{w['measured_ratio']:.2f}",
              ", ".join(f"{r:.2f}" for r in w["measured_runs_ratio"]), w["predicted"], f"{w['predicted_ratio']:.2f}",
              "yes" if w["agree"] else "**no**"] for w in c["winners"]]
     out += _table(["link", "layout", "size", "measured winner", "measured ring / hier", "each run", "predicted winner",

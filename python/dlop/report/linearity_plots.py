@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dlop.bench.linearity_text import PLOTS
+from dlop.report.linearity_text import PLOTS
 
 PLOT_INCHES = (11.0, 4.5)
 PLOT_DPI = 110

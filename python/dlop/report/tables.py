@@ -1,9 +1,9 @@
 """Benchmark JSON -> markdown tables and PNG plots.
 
-    python -m dlop.bench.report c10d_run1.json c10d_run2.json ... [--plots DIR] [--out FILE.md]
+    dlop report c10d_run1.json c10d_run2.json ... [--plots DIR] [--out FILE.md]     (python -m dlop.report.tables)
 
-Reads the files of ``dlop.bench.c10d`` and ``dlop-bench`` (rows with ``op``)
-and of ``dlop.bench.ddp`` (rows with ``model``). Several files of one kind are
+Reads the files of ``bench.c10d`` and ``dlop-bench`` (rows with ``op``)
+and of ``bench.ddp`` (rows with ``model``). Several files of one kind are
 runs of the same benchmark: each figure becomes the median over the runs that
 have it (the "runs" column says how many), which is how numbers from this
 noisy, shared machine should be quoted. Plots need matplotlib; without it the
@@ -17,7 +17,7 @@ import os
 import sys
 from collections import defaultdict
 
-from dlop.bench._common import format_size, median, read_rows
+from dlop.report.common import format_size, median, read_rows
 
 _IMPL_ORDER = {"dlop": 0, "gloo": 1, "mpi": 2, "none": 3}
 
@@ -166,8 +166,8 @@ def plot_ddp(plt, table: dict, folder: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlop.bench.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="+", help="JSON files of dlop.bench.c10d, dlop.bench.ddp or dlop-bench")
+    p = argparse.ArgumentParser(prog="dlop report", description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", help="JSON files of bench.c10d, bench.ddp or dlop-bench")
     p.add_argument("--out", help="write the markdown here (default: stdout)")
     p.add_argument("--plots", help="write PNG plots into this folder")
     args = p.parse_args(argv)

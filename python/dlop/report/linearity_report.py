@@ -1,7 +1,7 @@
 """The linearity report: calibrated terms, predicted against measured, and predictions, as markdown and JSON.
 
-``build`` turns the measurements of ``dlop.bench.linearity`` into the
-report's numbers; ``markdown`` and ``linearity_plots`` render them. Every
+``build`` turns the measurements of ``python -m bench.linearity`` into the
+report's numbers; ``linearity_text`` and ``linearity_plots`` render them. Every
 figure in the markdown is in the JSON too (the tests parse both).
 """
 
@@ -12,8 +12,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 
-from dlop.bench import _common
-from dlop.bench import scaling_model as sm
+from dlop.report import linearity_plots, linearity_text
+from dlop.report import scaling_model as sm
+from dlop.report.common import median
+from dlop.report.linearity_terms import SOURCES
 
 TARGET_LINEARITY = 0.05  # the largest |predicted - measured| linearity the model is meant to reach
 QUIET_BELOW = 1.0  # a run beside fewer cores of other work than this counts as quiet
@@ -46,23 +48,6 @@ def read_measured(path: str) -> tuple[dict, dict]:
 
 # --- terms ----------------------------------------------------------------
 
-# key: (what it is, the benchmark that measured it)
-SOURCES = {
-    "intra_gbps": ("intra-host link bandwidth (Gbit/s)", "2-rank all-reduce on this host"),
-    "intra_latency_us": ("intra-host link latency (us)", "2-rank all-reduce on this host"),
-    "net_gbps": ("network bandwidth (Gbit/s)", "dlop-bench p2p between 2 namespace hosts, 2 MiB"),
-    "net_latency_us": ("network latency (us)", "dlop-bench p2p between 2 namespace hosts, 8 B ping-pong"),
-    "intra_cpu_ns": ("intra-host CPU per byte sent (ns)", "2-rank all-reduce on this host, 4 MiB, CPU per call"),
-    "net_cpu_ns": ("network CPU per byte sent (ns)",
-                   "2-rank all-reduce between 2 namespace hosts, 4 MiB, CPU per call"),
-    "compute_s": ("compute per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
-    "compute_cpu_s": ("compute CPU per step (s)", "dlop.bench.ddp, model alone, 1 rank"),
-    "backward_share": ("backward's share of compute (overlap window)", "model alone, backward timed apart"),
-    "overhead_s": ("DDP overhead per step (s)", "dlop.bench.ddp, 1 rank, DDP less the model alone"),
-    "backend_cpu_s": ("backend CPU per rank and step (s)", "dlop.bench.ddp, 2 ranks, CPU beyond the model alone's"),
-    "crowding": ("CPU per byte sent with more ranks than cores, over a core each",
-                 "ring all-reduce of all those ranks on this host, 4 MiB, CPU per call, over the 2-rank one's"),
-}
 
 
 def term_runs(calibration: list[dict], model: str, backend: str, rate: str | None) -> dict[str, list[float]]:
@@ -120,7 +105,7 @@ def make_terms(values: dict[str, float], gradient_bytes: float, net: sm.Link | N
 def with_band(runs: dict[str, list[float]], evaluate) -> tuple[float, float, float]:
     """evaluate(values) at every term's median, and the lowest and highest it gives when each term in turn moves
     to the smallest and the largest of its runs."""
-    medians = {k: _common.median(v) for k, v in runs.items()}
+    medians = {k: median(v) for k, v in runs.items()}
     centre = evaluate(medians)
     moved = [evaluate(dict(medians, **{k: bound(v)})) for k, v in runs.items() for bound in (min, max)]
     return centre, min(moved + [centre]), max(moved + [centre])
@@ -140,7 +125,7 @@ def calibration_table(m: dict) -> list[dict]:
     out = []
 
     def add(key, scope, values):
-        out.append({"term": key, "scope": scope, "runs": values, "median": _common.median(values),
+        out.append({"term": key, "scope": scope, "runs": values, "median": median(values),
                     "min": min(values), "max": max(values)})
 
     for backend in BACKENDS:
@@ -187,7 +172,7 @@ def allreduce_checks(m: dict, cores: int) -> list[dict]:
             return sm.allreduce_seconds(algorithm, nbytes, layout, *links(v), crowding(v))
 
         predicted, low, high = with_band(runs, seconds)
-        measured = _common.median(times) * 1e-6
+        measured = median(times) * 1e-6
         out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "column": column, "bytes": nbytes,
                     "measured_ms": measured * 1e3, "runs": list(by_run), "measured_runs_ms": [t * 1e-3 for t in times],
                     "predicted_ms": predicted * 1e3, "band_ms": [low * 1e3, high * 1e3],
@@ -232,7 +217,7 @@ def winners(allreduce: list[dict]) -> list[dict]:
         predicted = winner_of([predicted_ratio])
         agree = measured == predicted or (measured == TIE and min(ratios) <= predicted_ratio <= max(ratios))
         out.append({"rate": rate, "hosts": hosts, "per_host": per_host, "bytes": nbytes, "measured": measured,
-                    "predicted": predicted, "agree": agree, "measured_ratio": _common.median(ratios),
+                    "predicted": predicted, "agree": agree, "measured_ratio": median(ratios),
                     "measured_runs_ratio": ratios, "predicted_ratio": predicted_ratio})
     return out
 
@@ -263,16 +248,16 @@ def ddp_checks(m: dict, cores: int, bucket_bytes: float) -> list[dict]:
                 return sm.linearity(make_terms(v, gradient, local), algorithm, layout, bucket_bytes)
 
             per_run.append(with_band(runs, lin))
-        measured = _common.median([v for v, _ in runs_of])
-        predicted = _common.median([p for p, _, _ in per_run])
+        measured = median([v for v, _ in runs_of])
+        predicted = median([p for p, _, _ in per_run])
         out.append({"model": model, "backend": backend, "rate": rate, "hosts": hosts, "per_host": per_host,
                     "algorithm": algorithm, "measured": measured, "measured_runs": [v for v, _ in runs_of],
                     "predicted": predicted, "predicted_runs": [p for p, _, _ in per_run],
-                    "band": [_common.median([low for _, low, _ in per_run]),
-                             _common.median([high for _, _, high in per_run])],
+                    "band": [median([low for _, low, _ in per_run]),
+                             median([high for _, _, high in per_run])],
                     "error": predicted - measured, "within_target": abs(predicted - measured) <= TARGET_LINEARITY,
                     "in_sample": rate is None, "background_cores": [b for _, b in runs_of],
-                    "cores_per_rank": _common.median([shared_machine(cores, hosts, per_host, b).cores_per_rank
+                    "cores_per_rank": median([shared_machine(cores, hosts, per_host, b).cores_per_rank
                                                       for _, b in runs_of])})
     return out
 
@@ -326,7 +311,7 @@ def fastest_rate(calibration: list[dict]) -> str | None:
     """The calibrated network link with the highest bandwidth (its CPU per byte is the least inflated by waiting
     on the link), or None when none was."""
     rates = list(calibration[0]["net"])
-    return max(rates, key=lambda r: _common.median([c["net"][r]["gbps"] for c in calibration]), default=None)
+    return max(rates, key=lambda r: median([c["net"][r]["gbps"] for c in calibration]), default=None)
 
 
 def build(header: dict, measurements: dict, s: Settings) -> dict:
@@ -350,8 +335,6 @@ def build(header: dict, measurements: dict, s: Settings) -> dict:
 
 def write(report: dict, folder: str) -> list[str]:
     """linearity.md, linearity.json and the PNGs into `folder`; returns their paths."""
-    from dlop.bench import linearity_plots, linearity_text
-
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, "linearity.md"), os.path.join(folder, "linearity.json")]
     with open(paths[0], "w") as f:

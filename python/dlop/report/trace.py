@@ -1,6 +1,6 @@
 """DLOP_TRACE files as one table: per process, operation and size, how long operations waited and ran.
 
-    dlop report trace DIR [--json FILE]          (python -m dlop.bench.trace_summary)
+    dlop report trace DIR [--json FILE]          (python -m dlop.report.trace)
 
 DIR holds the ``dlop-trace-<host>-<pid>.json`` files a run with
 ``DLOP_TRACE=DIR`` wrote. Per process and per (operation, bytes): the count,
@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from dlop.bench._common import format_size, percentile
+from dlop.report.common import format_size, percentile
 
 
 def read_ops(folder: Path) -> dict[str, list[dict]]:

@@ -45,7 +45,7 @@ export VENV
 
 .DEFAULT_GOAL := help
 .NOTPARALLEL:
-.PHONY: help deps system venv configure build demo test test-cpp test-python \
+.PHONY: help deps system venv configure build demo test test-cpp test-python check-bench \
   test-asan test-tsan test-tsan-engine sanitize check clean distclean
 
 help:
@@ -53,12 +53,13 @@ help:
 	@echo
 	@echo '  demo         build, then run the main job on a built-in default (scripts/demo.sh)'
 	@echo '  test         set-up, build, then the C++ suites (ctest) and the Python suites (pytest); prints each stage'"'"'s time'
-	@echo '  sanitize     the C++ suites under ASan+UBSan, the engine under TSan (CI runs it after test)'
+	@echo '  check-bench  the benchmark lab'"'"'s smoke tests (tests/bench: bench/ run at tiny sizes; CI runs it after test)'
+	@echo '  sanitize     the C++ suites under ASan+UBSan, the engine under TSan (CI runs it after check-bench)'
 	@echo '  check        the quick loop: incremental build, then the tests of the layers touched since HEAD'
 	@echo '               (T=scheduler: a layer; T=tests/python/x.py or T="-R Regex": pytest or ctest arguments)'
 	@echo '  build        install what is missing, configure and build in $(BUILD)/, install the executables into $(VENV)/bin'
 	@echo '  test-cpp     the C++ GoogleTest suites (ctest in $(BUILD)/)'
-	@echo '  test-python  the pytest suites in tests/python'
+	@echo '  test-python  the pytest suites in tests/python (the product'"'"'s)'
 	@echo '  test-asan    the C++ suites built with -DDLOP_SANITIZE=address,undefined in $(BUILD_ASAN)/'
 	@echo '  test-tsan    the C++ suites built with -DDLOP_SANITIZE=thread in $(BUILD_TSAN)/'
 	@echo '  test-tsan-engine  the engine'"'"'s suites under TSan (what sanitize runs of TSan)'
@@ -126,6 +127,8 @@ test-cpp: build
 	$(CTEST_RUN) $(BUILD)
 
 # With tests/python present, pytest collecting no test (exit 5) is a failure.
+# tests/python tests the product (python/dlop and the C++ under it); the
+# benchmark lab's smoke tests (tests/bench) run in check-bench.
 # -n: one pytest worker per job; most tests wait on processes, sockets and
 # servers, so two workers keep two cores busy. --dist loadfile: a file's tests
 # stay on one worker, which starts the file's servers and ranks once.
@@ -137,6 +140,12 @@ test-python: build
 	  echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python && \
 	  echo "$(PYTEST) -m alone tests/python"; $(PYTEST) -m alone tests/python; \
 	else echo "test-python: no tests/python, nothing to run"; fi
+
+# The benchmark lab (bench/, python -m bench.NAME) at tiny sizes: its harnesses run end to end and write what
+# their reports read. Not part of test: the product's tests stay lean; CI runs both.
+check-bench: build
+	@echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench && \
+	  { echo "$(PYTEST) -m alone tests/bench"; $(PYTEST) -m alone tests/bench; rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
 
 test-asan: deps
 	$(call cmake_configure,$(BUILD_ASAN),-DDLOP_SANITIZE=address$(,)undefined -DDLOP_BUILD_TORCH_EXTENSION=OFF -DDLOP_BUILD_BENCH=OFF)

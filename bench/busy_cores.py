@@ -6,7 +6,7 @@ each rank multiplies matrices without pause while the main thread times
 all-reduces. dlop (its automatic wait policy, then DLOP_PROGRESS=spin) and
 Gloo in the same run; the policy each dlop rank ended with is printed.
 
-    python bench/busy_cores.py [--calls 200] [--sizes 8,4096,65536]
+    python -m bench.busy_cores [--calls 200] [--sizes 8,4096,65536]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlop.bench.ddp import free_port
+from bench.ddp import free_port
 
 
 def rank_main(rank: int, world: int, backend: str, env: dict, port: int, sizes: list[int], calls: int, out) -> None:

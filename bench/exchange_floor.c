@@ -5,7 +5,7 @@
 // sequence number with release semantics, wait until the peer's box holds it,
 // sum both boxes; boxes alternate by parity. No library, no engine, no
 // torch: what is left is the cache-line hand-over between the two cores, which
-// a blocking all-reduce pays on every call (dlop.bench.c10d's `fake` floor
+// a blocking all-reduce pays on every call (bench.c10d's `fake` floor
 // does not, since it never waits for a peer). Prints ns per exchange.
 //
 //   cc -O2 -pthread -DNB=8 bench/exchange_floor.c -o /tmp/exchange_floor

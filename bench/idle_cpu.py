@@ -4,7 +4,7 @@ sleep for --seconds with the group open; each reports the CPU time its
 process used meanwhile (every thread: dlop's progress and fault threads,
 Gloo's, UCX's). dlop and Gloo in the same run.
 
-    python bench/idle_cpu.py [--seconds 10]
+    python -m bench.idle_cpu [--seconds 10]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlop.bench.ddp import free_port
+from bench.ddp import free_port
 
 
 def cpu_seconds() -> float:

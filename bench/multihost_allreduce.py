@@ -1,8 +1,8 @@
 """dlop all-reduce across hosts on a shaped link: algorithms against each other and Gloo.
 
-Makes H hosts (network namespaces through a bridge, dlop.bench.netns; root
+Makes H hosts (network namespaces through a bridge, bench.netns; root
 only), each link shaped to RATE (tbf) or RATE and DELAY (netem), or unshaped
-(``--rate none``), and runs ``python -m dlop.bench.c10d --ops all_reduce`` on
+(``--rate none``), and runs ``python -m bench.c10d --ops all_reduce`` on
 H x P ranks (rank r on host r // P, as torchrun places them) once per
 algorithm of ``--algos`` (DLOP_ALGO=allreduce:<algo>; ``auto``: dlop's own
 choice) and per ``--variant`` (the same algorithms again with more environment
@@ -12,8 +12,8 @@ dlop's. Ratios are taken within a round (first column / each other, adjacent
 launches) or within a launch (column / Gloo), and the table quotes their
 medians over the rounds::
 
-    python bench/multihost_allreduce.py --rate 1gbit --sizes 64K,1M,16M --runs 3 --out DIR
-    python bench/multihost_allreduce.py --per-host 1 --algos auto --gloo --sizes 1M,16M,64M \
+    python -m bench.multihost_allreduce --rate 1gbit --sizes 64K,1M,16M --runs 3 --out DIR
+    python -m bench.multihost_allreduce --per-host 1 --algos auto --gloo --sizes 1M,16M,64M \
         --variant rndv:UCX_RNDV_SEND_NBR_THRESH=19522,UCX_TCP_TX_SEG_SIZE=8k --out DIR
 """
 
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlop.bench import _common, netns
+from bench import _common, netns
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -52,7 +52,7 @@ def launch(hosts: netns.Hosts, per_host: int, algo: str, args, json_path: Path, 
         if algo != "auto":
             env["DLOP_ALGO"] = f"allreduce:{algo}"
         env.pop("DLOP_HOST_ID", None)
-        argv = [sys.executable, "-m", "dlop.bench.c10d", "--ops", "all_reduce", "--impls", impls, "--sizes",
+        argv = [sys.executable, "-m", "bench.c10d", "--ops", "all_reduce", "--impls", impls, "--sizes",
                 args.sizes, "-r", str(args.repetitions), "--json", str(json_path)]
         out = None if rank == 0 else subprocess.DEVNULL
         procs.append(hosts.popen(rank // per_host, argv, env=env, stdout=out))
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                    help="also run every algorithm with these environment variables (column ALGO@LABEL); repeatable")
     p.add_argument("--gloo", action="store_true", help="also time Gloo in every launch (ratios algorithm / gloo)")
     p.add_argument("--runs", type=int, default=3, help="rounds (one launch per algorithm each)")
-    p.add_argument("-r", "--repetitions", type=int, default=3, help="dlop.bench.c10d repetitions per launch")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="bench.c10d repetitions per launch")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default="multihost-out", help="folder for each launch's JSON and the summary")
     args = p.parse_args(argv)

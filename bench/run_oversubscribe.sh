@@ -2,7 +2,7 @@
 # More ranks than cores: dlop against Open MPI (dlop-bench under
 # `mpirun --oversubscribe`, both in the same run on the same buffers) at 2, 3,
 # 4 and 8 ranks on this machine, and against Gloo through torch.distributed
-# (torchrun, dlop.bench.c10d) at 4 ranks, with torch's do-nothing backend as
+# (torchrun, bench.c10d) at 4 ranks, with torch's do-nothing backend as
 # the floor. Then all-reduce and DDP beside busy intra-op threads, and the CPU an
 # idle engine uses.
 # Each run goes to <name>.{txt,json} in the run folder
@@ -54,24 +54,24 @@ done
 
 # Through torch: 4 ranks on this machine's cores, dlop and Gloo in one run.
 port=$((29500 + RANDOM % 1000))
-cmd=("$python" -m torch.distributed.run --nproc-per-node 4 --master-port "$port" -m dlop.bench.c10d
+cmd=("$python" -m torch.distributed.run --nproc-per-node 4 --master-port "$port" -m bench.c10d
      --ops all_reduce --sizes 8,4K,64K --impls dlop,gloo,fake -r 5 --json "$out/c10d_4ranks.json")
 { header; echo "# OMP_NUM_THREADS=1 ${cmd[*]}"; OMP_NUM_THREADS=1 "${cmd[@]}" 2>&1 | grep -v '^W[0-9]'; } | tee "$out/c10d_4ranks.txt"
 
 # Busy cores: 2 ranks whose torch intra-op threads use every core, as in CPU
 # DDP; all-reduce latency beside them, then DDP throughput, with dlop's
 # automatic wait policy and with DLOP_PROGRESS=spin, against Gloo.
-"$python" bench/busy_cores.py | tee "$out/busy_cores.txt"
+"$python" -m bench.busy_cores | tee "$out/busy_cores.txt"
 for mode in auto spin; do
-  { header; echo "# DLOP_PROGRESS=$mode python -m dlop.bench.ddp --ranks 2 --threads $(nproc) --backends dlop,gloo --models transformer,resnet18";
-    DLOP_PROGRESS=$mode "$python" -m dlop.bench.ddp --ranks 2 --threads "$(nproc)" --backends dlop,gloo \
+  { header; echo "# DLOP_PROGRESS=$mode python -m bench.ddp --ranks 2 --threads $(nproc) --backends dlop,gloo --models transformer,resnet18";
+    DLOP_PROGRESS=$mode "$python" -m bench.ddp --ranks 2 --threads "$(nproc)" --backends dlop,gloo \
       --models transformer,resnet18 --no-progress --json "$out/ddp_busy_cores_$mode.json" 2>&1 | grep -v '^\['; } |
     tee "$out/ddp_busy_cores_$mode.txt"
 done
 
 # An idle engine: 2 ranks that made one all-reduce, then wait 10 s on a
 # barrier of the bootstrap (not the engine); CPU seconds each used meanwhile.
-"$python" bench/idle_cpu.py | tee "$out/idle_cpu.txt"
+"$python" -m bench.idle_cpu | tee "$out/idle_cpu.txt"
 
 # The run folder as bench/results keeps it: README.md, summary.json, raw.tar.xz.
 pack_run_folder

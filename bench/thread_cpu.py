@@ -1,9 +1,9 @@
-"""CPU time of every thread of the dlop.bench.train trainer ranks, summed per
+"""CPU time of every thread of the bench.train trainer ranks, summed per
 config and thread name: python bench/thread_cpu.py SECONDS [STOPFILE]
 
 Samples /proc/*/task/*/stat every 0.5 s (a thread's last reading counts) for
 SECONDS or until STOPFILE exists, then prints one line per (config, thread).
-Run it beside ``python -m dlop.bench.train``; see bench/results/progress_thread_cpu/.
+Run it beside ``python -m bench.train``; see bench/results/progress_thread_cpu/.
 """
 
 import collections
@@ -19,9 +19,9 @@ def sample(last: dict) -> None:
             continue
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            if b"dlop.bench.train_rank" not in cmd:
+            if b"bench.train_rank" not in cmd:
                 continue
-            config = json.loads(cmd[cmd.index(b"dlop.bench.train_rank") + 1])["config"]
+            config = json.loads(cmd[cmd.index(b"bench.train_rank") + 1])["config"]
             for tid in os.listdir(f"/proc/{pid}/task"):
                 stat = open(f"/proc/{pid}/task/{tid}/stat").read()
                 name = stat[stat.index("(") + 1:stat.rindex(")")]

@@ -3,7 +3,7 @@
 #
 #   scripts/check.sh                 the layers touched since HEAD (changed, staged or new files)
 #   scripts/check.sh scheduler       a layer: core transport collectives scheduler offload backend
-#                                    accelerator python bench (C++ suites by ctest label, Python files)
+#                                    accelerator python report bench (C++ suites by ctest label, Python files)
 #   scripts/check.sh tests/python/test_c10d_device.py -k ddp      pytest arguments
 #   scripts/check.sh -R 'ReadyEvent' ctest arguments (a regex of test names)
 #
@@ -18,14 +18,15 @@ PY=${VENV:-.venv}/bin/python
 # quickest end-to-end file.
 declare -A LABELS=(
   [core]="transport|collectives|scheduler|offload" [transport]="transport" [collectives]="collectives"
-  [scheduler]="scheduler" [offload]="offload" [backend]="" [accelerator]="" [python]="" [bench]="")
+  [scheduler]="scheduler" [offload]="offload" [backend]="" [accelerator]="" [python]="" [report]="" [bench]="")
 declare -A PYTESTS=(
   [core]="" [transport]="" [collectives]="" [scheduler]="tests/python/test_c10d_work.py"
   [offload]="tests/python/test_offload_loader.py tests/python/test_offload_pipeline.py"
   [backend]="tests/python/test_c10d_reductions.py tests/python/test_c10d_work.py tests/python/test_c10d_device.py"
   [accelerator]="tests/python/test_test_accelerator.py tests/python/test_c10d_device.py"
   [python]="tests/python/test_package.py tests/python/test_cli.py tests/python/test_errors.py"
-  [bench]="tests/python/test_bench_smoke.py")
+  [report]="tests/python/test_linearity.py tests/python/test_cli.py"
+  [bench]="tests/bench/test_bench_smoke.py")
 
 layer_of() {  # the layer a changed path belongs to (empty: none)
   case $1 in
@@ -33,8 +34,8 @@ layer_of() {  # the layer a changed path belongs to (empty: none)
     scheduler/*) echo scheduler ;; offload/*|python/dlop/data/*) echo offload ;;
     backend/test_accelerator/*|python/dlop/testing/*) echo accelerator ;;
     backend/*|python/dlop/_backend.py|python/dlop/_device_backend.py) echo backend ;;
-    python/dlop/bench/*|bench/*) echo bench ;; python/*) echo python ;;
-    tests/python/*.py) echo "file:$1" ;;
+    python/dlop/report/*) echo report ;; bench/*) echo bench ;; python/*) echo python ;;
+    tests/python/*.py|tests/bench/*.py) echo "file:$1" ;;
   esac
 }
 

@@ -14,13 +14,13 @@
 #      staged (DLOP_DEVICE_BACKEND=staged), reduced in the memory of GPU 0
 #      where ranks share it (auto, one GPU visible), and delegated to NCCL
 #      (auto) where there are two GPUs or more;
-#   2. dlop.bench.ddp_overlap: DDP's overlap efficiency, dlop (staged, then in
+#   2. bench.ddp_overlap: DDP's overlap efficiency, dlop (staged, then in
 #      shared device memory) against Gloo, 2 ranks sharing GPU 0 (compute
 #      alone, the step's all-reduces alone, the step, and per bucket when it
 #      was computed and done);
-#   3. dlop.bench.c10d on device tensors: 2 ranks on 2 GPUs against NCCL (where
+#   3. bench.c10d on device tensors: 2 ranks on 2 GPUs against NCCL (where
 #      there are two), and 2 ranks sharing GPU 0 against Gloo (in its memory);
-#      dlop.bench.device (the staged 64 MiB all-reduce against its parts);
+#      bench.device (the staged 64 MiB all-reduce against its parts);
 #   4. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
 #      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared);
 #   5. the same with DLOP_TRACE, summarised by `dlop report trace`: how long
@@ -78,7 +78,7 @@ TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
 ucx_info -d >"$OUT/ucx_info.txt" 2>&1 || true
 for dev in cpu "$DEV"; do
   impls=dlop,gloo; [[ $dev == dlop_test ]] && impls=dlop  # Gloo serves CPU and CUDA only
-  run "smoke_$dev" timeout 120 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m dlop.bench.c10d \
+  run "smoke_$dev" timeout 120 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m bench.c10d \
     --device "$dev" --impls "$impls" --ops all_reduce --sizes 8,1M -r 1
 done
 
@@ -94,22 +94,22 @@ unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
 
 # 2. how much of DDP's communication the backward pass hides, dlop against Gloo on one shared GPU
 peers=dlop,gloo; [[ $DEV == dlop_test ]] && peers=dlop
-run ddp_overlap env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m dlop.bench.ddp_overlap \
+run ddp_overlap env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.ddp_overlap \
   --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --trace "$OUT/overlap_trace" --json "$OUT/ddp_overlap.json"
 shared=(CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=auto)
 [[ $DEV == dlop_test ]] && shared+=(DLOP_TEST_DEVICE_COUNT=1)  # both ranks on one device
-run ddp_overlap_shared env "${shared[@]}" "${TORCHRUN[@]}" -m dlop.bench.ddp_overlap \
+run ddp_overlap_shared env "${shared[@]}" "${TORCHRUN[@]}" -m bench.ddp_overlap \
   --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --json "$OUT/ddp_overlap_shared.json"
 
 # 3. collectives with the peers in the same run
 if ((GPUS >= 2)); then
-  run c10d_2gpus_nccl env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m dlop.bench.c10d --device cuda \
+  run c10d_2gpus_nccl env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m bench.c10d --device cuda \
     --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
     --json "$OUT/c10d_2gpus_nccl.json"
 fi
-run c10d_shared_gpu_gloo env "${shared[@]}" "${TORCHRUN[@]}" -m dlop.bench.c10d \
+run c10d_shared_gpu_gloo env "${shared[@]}" "${TORCHRUN[@]}" -m bench.c10d \
   --device "$DEV" --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$OUT/c10d_shared_gpu_gloo.json"
-run device_staging env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m dlop.bench.device --device "$DEV" -r 3 \
+run device_staging env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.device --device "$DEV" -r 3 \
   --small-iters 200 --json "$OUT/device_staging.json"
 
 # 4. a DDP ImageNet-style run, dlop against the device's own backend
@@ -123,7 +123,7 @@ done
 # 5. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
 run imagenet_ddp_dlop_traced env DLOP_TRACE="$OUT/trace" DLOP_DEVICE_BACKEND=staged CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" \
   examples/imagenet_ddp.py --dist-backend dlop --device "$DEV" "${IMAGENET[@]}"
-run trace_summary "$PY" -m dlop.bench.trace_summary "$OUT/trace" --json "$OUT/trace_summary.json"
+run trace_summary "$PY" -m dlop.report.trace "$OUT/trace" --json "$OUT/trace_summary.json"
 
 echo "took $(($(date +%s) - START)) s in all"
 echo "results in $OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The headline on one accelerator: dlop's offloaded preprocessing feeding it,
-# against torch's DataLoader and on-device decoding (python -m dlop.bench.train
+# against torch's DataLoader and on-device decoding (python -m bench.train
 # --device DEV). One command on the lent GPU machine:
 #
 #   scripts/gpu_headline.sh [OUT]     (OUT: default bench/results/train_gpu/<date>-<commit>)
@@ -79,7 +79,7 @@ status=0
 for kind in ${KINDS:-image video}; do
   echo "== $kind ($(($(date +%s) - START)) s so far)"
   # shellcheck disable=SC2086  # EXTRA holds several options
-  if "$PY" -m dlop.bench.train "${COMMON[@]}" --kind "$kind" ${EXTRA[$kind]} --json "$OUT/$kind.json" \
+  if "$PY" -m bench.train "${COMMON[@]}" --kind "$kind" ${EXTRA[$kind]} --json "$OUT/$kind.json" \
       --report "$OUT/$kind" >"$OUT/$kind.txt" 2>&1; then
     grep -v '^# .*/.* = ' "$OUT/$kind.txt" | tail -25
   else

@@ -8,4 +8,5 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
-exec "$python" -m dlop.bench.netns "$@"
+cd "$here"  # bench.netns is the benchmark lab's, importable from the repository root
+exec "$python" -m bench.netns "$@"

@@ -9,10 +9,10 @@
     dlop offloader [dlop-offloader args...]                  (in het group 1 of a SLURM job)
     dlop slurm-template > job.sbatch                         (then: sbatch job.sbatch python train.py)
     dlop offloader-stats HOST:PORT --token-file F [--json]
-    dlop report linearity --out DIR [--layouts 2x1,2x2 --rates 1gbit --link-gbps 25 --ranks-per-host 8 ...]
-                                                             (python -m dlop.bench.linearity)
+    dlop report linearity --from-json linearity.json --out DIR [--link-gbps 25 --ranks-per-host 8 ...]
+                                                             (python -m dlop.report.linearity)
     dlop report trace DIR                                    (a DLOP_TRACE folder: how long ops waited and ran)
-    dlop report FILE.json... [--plots DIR] [--out FILE.md]   (python -m dlop.bench.report)
+    dlop report FILE.json... [--plots DIR] [--out FILE.md]   (python -m dlop.report.tables)
 
 Each sub-command is a module with its own main (python -m dlop.data.make_dataset
 works the same); this only dispatches, so a tool's options live in one place.
@@ -30,12 +30,12 @@ COMMANDS = {
     "offloader": ("dlop.offloader_launcher", "run dlop-offloader for a job: in its c10d store, or in SLURM het group 1"),
     "slurm-template": ("dlop.slurm_template", "print a SLURM batch script: training in het group 0, offloaders in 1"),
     "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),
-    "report": ("dlop.bench.report", "benchmark JSON as tables and plots; `report linearity`: the DDP linearity report; "
-               "`report trace DIR`: a DLOP_TRACE folder's waits and run times"),
+    "report": ("dlop.report.tables", "benchmark JSON as tables and plots; `report linearity`: the DDP linearity "
+               "report from its measurements; `report trace DIR`: a DLOP_TRACE folder's waits and run times"),
 }
 
-# `dlop report NAME ...`: reports that run their own measurements; anything else goes to dlop.bench.report.
-REPORTS = {"linearity": "dlop.bench.linearity", "trace": "dlop.bench.trace_summary"}
+# `dlop report NAME ...`: reports of their own; anything else is benchmark JSON for dlop.report.tables.
+REPORTS = {"linearity": "dlop.report.linearity", "trace": "dlop.report.trace"}
 
 
 def _usage() -> str:

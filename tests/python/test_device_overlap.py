@@ -10,7 +10,7 @@ operation that waits for a timer, shows).
   and the results checked against references computed from every rank's
   inputs. FSDP2 trains on the device with no such wait, to Gloo's weights
   on the CPU.
-* DDP (``dlop.bench.ddp_overlap``, comm 30-60% of compute): overlap
+* DDP (``bench.ddp_overlap``, comm 30-60% of compute): overlap
   efficiency at least 0.8, and no host operation starts more than 1 ms after
   its copy out.
 * A rank SIGKILLed inside a staged all-reduce: the others raise an error
@@ -23,12 +23,14 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from c10d_harness import Cluster, Dead, Setup, run_ranks, venv_bin
 
 acc = pytest.importorskip("dlop.testing.accelerator", reason="dlop.testing._accelerator is not built")
 
+ROOT = Path(__file__).resolve().parents[2]  # where `-m bench.ddp_overlap` finds the benchmark lab
 SETUP = Setup(gloo=True, imports=("dlop.testing.accelerator",), env={"DLOP_TEST_DEVICE_DELAY_US": "2000"})
 
 
@@ -226,9 +228,10 @@ PATHS = {"staged": {"DLOP_DEVICE_BACKEND": "staged"}, "shared": {"DLOP_TEST_DEVI
 def _overlap(tmp_path, run: int, path: str = "staged") -> dict:
     out, trace = tmp_path / f"overlap{run}.json", tmp_path / f"trace{run}"
     done = subprocess.run(
-        [venv_bin("torchrun"), "--nproc-per-node", "2", "-m", "dlop.bench.ddp_overlap", "--device", "dlop_test",
+        [venv_bin("torchrun"), "--nproc-per-node", "2", "-m", "bench.ddp_overlap", "--device", "dlop_test",
          "--trace", str(trace), "--json", str(out)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **PATHS[path]},
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())

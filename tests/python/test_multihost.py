@@ -1,4 +1,4 @@
-"""Collectives across real hosts: ranks in separate network namespaces (dlop.bench.netns).
+"""Collectives across real hosts: ranks in separate network namespaces (bench.netns).
 
 Each host is a network namespace joined to the others through a bridge, so
 ranks of different hosts reach each other only over TCP, and dlop must tell
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dlop.bench import netns
+from bench import netns
 
 RANK_SCRIPT = str(Path(__file__).with_name("multihost_rank.py"))
 DEADLINE = 120.0  # seconds for one launch of all ranks (a hang fails, it does not block the suite)

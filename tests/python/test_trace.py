@@ -78,11 +78,11 @@ def test_trace_shows_every_collective(tmp_path):
 
 
 def test_report_trace_summarises_each_process(tmp_path, capsys):
-    from dlop.bench import trace_summary
+    from dlop.report import trace
 
     _, by_pid = run_traced(tmp_path, "1")
     out = tmp_path / "summary.json"
-    assert trace_summary.main([str(tmp_path / "trace-1"), "--json", str(out)]) == 0
+    assert trace.main([str(tmp_path / "trace-1"), "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert len(summary) == 2 and "allreduce" in capsys.readouterr().out
     for name, rows in summary.items():

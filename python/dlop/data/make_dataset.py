@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from dlop.data._sizes import parse_size
+
 SHAPES = ("discs", "boxes", "stripes", "rings")
 
 
@@ -156,16 +158,6 @@ def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100
             bar.update()
     bar.close()
     return {"root": os.fspath(out), "classes": classes, "images": classes * per_class, "bytes": total}
-
-
-def parse_size(text: str | None) -> tuple[int, int] | None:
-    """'500x375' -> (500, 375); ValueError otherwise."""
-    if text is None:
-        return None
-    w, sep, h = text.lower().partition("x")
-    if not (sep and w.isdigit() and h.isdigit()) or min(int(w), int(h)) < 1:
-        raise ValueError(f"{text!r} is not a size like 500x375")
-    return int(w), int(h)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from dlop.data._sizes import parse_size
+
 # (encoder arguments, container extension, ffmpeg muxer); a clip's index picks one.
 _CODECS = (
     (["-c:v", "libx264", "-preset", "veryfast", "-bf", "2", "-pix_fmt", "yuv420p"], "mp4", "mp4"),
@@ -143,8 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--kbps", type=int, help="a cap on the bit rate, kbit/s")
     args = parser.parse_args(argv)
-    from dlop.data.make_dataset import parse_size
-
     try:
         size = parse_size(args.size)
         gop = None if args.gop_seconds is None else tuple(float(v) for v in args.gop_seconds.split(","))

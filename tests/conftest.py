@@ -1,0 +1,24 @@
+"""Hooks for every file in tests/python (the product's tests) and tests/bench (the benchmark lab's)."""
+
+from __future__ import annotations
+
+
+def pytest_configure(config):
+    # xdist's --dist loadfile otherwise hands files out by how many tests they hold, most first
+    # (--loadscope-reorder, its default), whatever order the items below are in.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _seconds(item) -> float:
+    marker = item.get_closest_marker("long_file")
+    return marker.kwargs.get("seconds", 60) if marker else 0
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files marked long_file go first, the longest first; the rest keep their order.
+
+    Under xdist's --dist loadfile (make test-python) a worker takes a whole file at a time, in this
+    order: a file of several minutes handed out last would run on one worker while the other idles.
+    """
+    items.sort(key=lambda item: -_seconds(item))

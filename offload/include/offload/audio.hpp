@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/random.hpp"
 #include "offload/batch_maker.hpp"
-#include "offload/random.hpp"
 #include "offload/source.hpp"
 
 namespace dlop::offload {

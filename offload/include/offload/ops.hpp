@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/random.hpp"
 #include "offload/image.hpp"
-#include "offload/random.hpp"
 
 namespace dlop::offload {
 

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/random.hpp"
 #include "offload/batch_maker.hpp"
 #include "offload/image.hpp"
-#include "offload/random.hpp"
 #include "offload/source.hpp"
 #include "offload/spec.hpp"
 

@@ -22,9 +22,9 @@
 #include <utility>
 #include <variant>
 
+#include "core/random.hpp"
 #include "offload/image.hpp"
 #include "offload/ops.hpp"
-#include "offload/random.hpp"
 
 namespace dlop::offload {
 

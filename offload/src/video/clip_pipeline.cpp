@@ -10,8 +10,8 @@
 #include <cstring>
 
 #include "clip_spec.hpp"
+#include "core/random.hpp"
 #include "offload/ops.hpp"
-#include "offload/random.hpp"
 #include "offload/video.hpp"
 
 namespace dlop::offload {

@@ -1,8 +1,8 @@
-#include "offload/random.hpp"
+#include "core/random.hpp"
 
 #include "core/error.hpp"
 
-namespace dlop::offload {
+namespace dlop {
 
 SampleRng::SampleRng(const SampleKey& key, std::uint64_t stream) {
   // Each field goes through the mixer before the next is added, so nearby
@@ -26,4 +26,4 @@ std::int64_t SampleRng::randint(std::int64_t lo, std::int64_t hi) {
   return lo + static_cast<std::int64_t>(x % range);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop

@@ -1,11 +1,13 @@
 // Counter-based randomness: every draw is a pure function of (seed, epoch,
 // sample index, stream, draw number), so a sample's augmentation is the same
 // whichever thread, process or host computes it, and in whatever order.
+// The media pipelines draw their augmentations from it, and the offload
+// library's epoch plans their shuffles.
 #pragma once
 
 #include <cstdint>
 
-namespace dlop::offload {
+namespace dlop {
 
 // Which sample a draw belongs to.
 struct SampleKey {
@@ -44,4 +46,4 @@ class SampleRng {
   std::uint64_t state_;
 };
 
-}  // namespace dlop::offload
+}  // namespace dlop

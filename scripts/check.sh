@@ -17,7 +17,7 @@ PY=${VENV:-.venv}/bin/python
 # the code it serves; C++ layers below the backend also run the backend's
 # quickest end-to-end file.
 declare -A LABELS=(
-  [core]="transport|collectives|scheduler|media|offload" [transport]="transport"
+  [core]="core|transport|collectives|scheduler|media|offload" [transport]="transport"
   [collectives]="collectives" [scheduler]="scheduler" [media]="media|offload" [offload]="offload"
   [backend]="" [accelerator]="" [python]="" [bench]="")
 declare -A PYTESTS=(

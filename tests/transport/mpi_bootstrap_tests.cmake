@@ -1,7 +1,8 @@
-# The MPI bootstrap's tests: included from tests/CMakeLists.txt when MPI is
-# found. They run under mpirun with 3 ranks, and once as a singleton without
-# mpirun, where MpiBootstrap initialises (and finalises) MPI itself.
-add_executable(dlop_mpi_bootstrap_tests transport/mpi_bootstrap_test.cpp)
+# The MPI bootstrap's tests: included from tests/transport/CMakeLists.txt
+# when MPI is found. They run under mpirun with 3 ranks, and once as a
+# singleton without mpirun, where MpiBootstrap initialises (and finalises) MPI
+# itself.
+add_executable(dlop_mpi_bootstrap_tests mpi_bootstrap_test.cpp)
 target_link_libraries(dlop_mpi_bootstrap_tests PRIVATE dlop_transport_mpi GTest::gtest dlop_options)
 
 # We run as root in CI containers; Open MPI refuses that unless told.

@@ -160,7 +160,7 @@ test-tsan: deps
 # The default test run: the engine (scheduler), its fast path and the wait-policy tests under ThreadSanitizer.
 test-tsan-engine: deps
 	$(call cmake_configure,$(BUILD_TSAN),-DDLOP_SANITIZE=thread -DDLOP_BUILD_TORCH_EXTENSION=OFF -DDLOP_BUILD_BENCH=OFF)
-	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests
+	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests dlop_core_tests
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath|ReadyEvent)\.|/(InlinePathRanks|ShmEngineKill)\.'
 
 

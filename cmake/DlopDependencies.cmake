@@ -12,16 +12,16 @@ if(NOT CLI11_FOUND)
 endif()
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
-# Image decoding for offload/ (libjpeg-turbo's libjpeg API, libpng; zlib for
+# Image decoding for media/ (libjpeg-turbo's libjpeg API, libpng; zlib for
 # the record files' checksums).
 find_package(JPEG REQUIRED)
 find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
-# Video clips (FFmpeg) and audio (libsndfile, soxr, kissfft) for offload/.
+# Video clips (FFmpeg) and audio (libsndfile, soxr, kissfft) for media/.
 # A trainer whose batches all come from daemons decodes nothing itself: it can
 # be built without them (DLOP_WITH_MEDIA=OFF), e.g. on a GPU host that lacks
 # FFmpeg's many libraries. Video and audio specs are then refused by name.
-option(DLOP_WITH_MEDIA "Video and audio decoding in offload/ (FFmpeg, libsndfile, soxr, kissfft)" ON)
+option(DLOP_WITH_MEDIA "Video and audio decoding in media/ (FFmpeg, libsndfile, soxr, kissfft)" ON)
 set(DLOP_HAVE_MEDIA ${DLOP_WITH_MEDIA})
 if(DLOP_WITH_MEDIA)
   pkg_check_modules(FFMPEG IMPORTED_TARGET libavformat libavcodec libavutil libswscale)
@@ -33,7 +33,7 @@ if(DLOP_WITH_MEDIA)
 endif()
 # dlop-offloader's control connection: HMAC-SHA256 and nonces (libcrypto).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
-# Sources in object stores and on HTTP(S) servers (offload/src/store: SigV4 signing).
+# Sources in object stores and on HTTP(S) servers (media/src/store: SigV4 signing).
 find_package(CURL REQUIRED)
 
 find_package(MPI COMPONENTS C QUIET)

@@ -9,7 +9,7 @@ include(CMakePackageConfigHelpers)
 
 # Library target -> its name after dlop:: (lowest layer first).
 set(DLOP_EXPORTED_LIBRARIES dlop_core core dlop_transport transport dlop_collectives collectives
-                            dlop_scheduler scheduler dlop_offload offload)
+                            dlop_scheduler scheduler dlop_media media dlop_offload offload)
 
 set(dlop_export_targets dlop_options)  # linked privately (LINK_ONLY): its link options travel with static libraries
 set_target_properties(dlop_options PROPERTIES EXPORT_NAME options)
@@ -38,7 +38,7 @@ if(TARGET dlop_transport_mpi)
   install(TARGETS dlop_transport_mpi EXPORT dlopMPITargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
   install(EXPORT dlopMPITargets NAMESPACE dlop:: DESTINATION ${DLOP_CMAKE_DIR} COMPONENT dev)
 endif()
-foreach(layer core transport collectives scheduler offload)
+foreach(layer core transport collectives scheduler media offload)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 endforeach()
 install(DIRECTORY ${PROJECT_BINARY_DIR}/core/generated/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)

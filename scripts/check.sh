@@ -2,7 +2,7 @@
 # The quick loop: an incremental build, then the tests of what changed.
 #
 #   scripts/check.sh                 the layers touched since HEAD (changed, staged or new files)
-#   scripts/check.sh scheduler       a layer: core transport collectives scheduler offload backend
+#   scripts/check.sh scheduler       a layer: core transport collectives scheduler media offload backend
 #                                    accelerator python report bench (C++ suites by ctest label, Python files)
 #   scripts/check.sh tests/python/test_c10d_device.py -k ddp      pytest arguments
 #   scripts/check.sh -R 'ReadyEvent' ctest arguments (a regex of test names)
@@ -17,10 +17,12 @@ PY=${VENV:-.venv}/bin/python
 # the code it serves; C++ layers below the backend also run the backend's
 # quickest end-to-end file.
 declare -A LABELS=(
-  [core]="transport|collectives|scheduler|offload" [transport]="transport" [collectives]="collectives"
-  [scheduler]="scheduler" [offload]="offload" [backend]="" [accelerator]="" [python]="" [report]="" [bench]="")
+  [core]="core|transport|collectives|scheduler|media|offload" [transport]="transport"
+  [collectives]="collectives" [scheduler]="scheduler" [media]="media|offload" [offload]="offload"
+  [backend]="" [accelerator]="" [python]="" [report]="" [bench]="")
 declare -A PYTESTS=(
   [core]="" [transport]="" [collectives]="" [scheduler]="tests/python/test_c10d_work.py"
+  [media]="tests/python/test_offload_loader.py tests/python/test_offload_pipeline.py"
   [offload]="tests/python/test_offload_loader.py tests/python/test_offload_pipeline.py"
   [backend]="tests/python/test_c10d_reductions.py tests/python/test_c10d_work.py tests/python/test_c10d_device.py"
   [accelerator]="tests/python/test_test_accelerator.py tests/python/test_c10d_device.py"
@@ -31,7 +33,7 @@ declare -A PYTESTS=(
 layer_of() {  # the layer a changed path belongs to (empty: none)
   case $1 in
     core/*) echo core ;; transport/*) echo transport ;; collectives/*) echo collectives ;;
-    scheduler/*) echo scheduler ;; offload/*|python/dlop/data/*) echo offload ;;
+    scheduler/*) echo scheduler ;; media/*) echo media ;; offload/*|python/dlop/data/*) echo offload ;;
     backend/test_accelerator/*|python/dlop/testing/*) echo accelerator ;;
     backend/*|python/dlop/_backend.py|python/dlop/_device_backend.py) echo backend ;;
     python/dlop/report/*) echo report ;; bench/*) echo bench ;; python/*) echo python ;;

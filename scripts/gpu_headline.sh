@@ -51,7 +51,7 @@ START=$(date +%s)
 
 if [[ $DEV == cuda* ]]; then
   source scripts/gpu_build.sh "$OUT" || exit 1
-  export DLOP_OFFLOADER=${DLOP_OFFLOADER:-$PWD/build-gpu/offload/dlop-offloader}
+  export DLOP_OFFLOADER=${DLOP_OFFLOADER:-$PWD/build-gpu/offload/daemon/dlop-offloader}
   echo "build done after $(($(date +%s) - START)) s"
 fi
 

@@ -14,18 +14,18 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
-  # offload/: JPEG and PNG decoding; zlib for record-file checksums.
+  # media/: JPEG and PNG decoding; zlib for record-file checksums.
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
   # dlop-offloader: libcrypto (HMAC-SHA256); clang and its runtimes (libFuzzer,
   # ASan; only recommended by clang, so not pulled in) for the protocol's fuzzer.
   libssl-dev clang libclang-rt-14-dev
-  # offload/: video (FFmpeg's libraries) and audio (libsndfile, soxr, kissfft);
+  # media/: video (FFmpeg's libraries) and audio (libsndfile, soxr, kissfft);
   # ffmpeg and espeak-ng make the built-in synthetic video and speech sets.
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev ffmpeg
   libsndfile1-dev libsoxr-dev libkissfft-dev espeak-ng
   # ip and tc: the tests' hosts as network namespaces joined by veth and a bridge.
   iproute2
-  # offload/: record files and WebDataset shards from S3-compatible stores and
+  # media/: record files and WebDataset shards from S3-compatible stores and
   # HTTP(S) (libcurl, with its SigV4 signing); nginx serves shards to the tests.
   libcurl4-openssl-dev nginx
   # A real SLURM cluster of namespace nodes for the fleet tests (no systemd:

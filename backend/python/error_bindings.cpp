@@ -12,7 +12,7 @@
 #include "backend/torch_error.hpp"
 #include "bindings.hpp"
 #include "core/error.hpp"
-#include "offload/image.hpp"
+#include "media/image.hpp"
 #include "offload/lease_manager.hpp"
 
 namespace py = pybind11;

@@ -10,9 +10,9 @@
 
 #include "bindings.hpp"
 #include "core/config_features.hpp"
-#include "offload/audio.hpp"
-#include "offload/batch_maker.hpp"
-#include "offload/source.hpp"
+#include "media/audio.hpp"
+#include "media/batch_maker.hpp"
+#include "media/source.hpp"
 
 namespace py = pybind11;
 

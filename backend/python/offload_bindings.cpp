@@ -8,10 +8,10 @@
 #include <cstring>
 
 #include "bindings.hpp"
-#include "offload/codec.hpp"
-#include "offload/ops.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
+#include "media/codec.hpp"
+#include "media/ops.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 
 namespace py = pybind11;
 

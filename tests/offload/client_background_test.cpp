@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "daemon_harness.hpp"
-#include "offload/codec.hpp"
+#include "media/codec.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "offload/offload_client.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
 #include "transport/progress_thread.hpp"
 
 namespace dlop::offload {

@@ -8,10 +8,10 @@
 
 #include "common/netns.hpp"
 #include "daemon_harness.hpp"
-#include "offload/codec.hpp"
+#include "media/codec.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "offload/offload_client.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
 
 namespace dlop::offload {
 namespace {

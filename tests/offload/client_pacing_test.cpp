@@ -14,11 +14,11 @@
 #include <thread>
 
 #include "daemon_harness.hpp"
-#include "offload/codec.hpp"
+#include "media/codec.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "offload/lease_manager.hpp"
 #include "offload/offload_client.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
 #include "transport/progress_thread.hpp"
 
 namespace dlop::offload {

@@ -12,10 +12,10 @@
 #include "core/error.hpp"
 #include "core/process.hpp"
 #include "daemon_harness.hpp"
-#include "offload/codec.hpp"
+#include "media/codec.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "offload/offload_client.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
 #include "transport/ucx_worker.hpp"
 
 namespace dlop::offload {

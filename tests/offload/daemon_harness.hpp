@@ -23,13 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "media/test_data.hpp"
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
 #include "offload/protocol_messages.hpp"
-#include "offload/test_data.hpp"
 
 #ifndef DLOP_OFFLOADER_PATH
-#error "DLOP_OFFLOADER_PATH must name the dlop-offloader executable (offload/CMakeLists.txt sets it)"
+#error "DLOP_OFFLOADER_PATH must name the dlop-offloader executable (tests/offload/CMakeLists.txt sets it)"
 #endif
 
 namespace dlop::offload::test {

@@ -14,10 +14,10 @@
 
 #include "core/error.hpp"
 #include "daemon_harness.hpp"
-#include "offload/codec.hpp"
+#include "media/codec.hpp"
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "offload/lease_manager.hpp"
-#include "offload/pipeline.hpp"
-#include "offload/source.hpp"
 
 namespace dlop::offload {
 namespace {

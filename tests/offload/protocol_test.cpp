@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "media/test_data.hpp"
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
 #include "offload/protocol_messages.hpp"
-#include "offload/test_data.hpp"
 
 namespace dlop::offload::protocol {
 namespace {

@@ -100,7 +100,7 @@ def wait_for(predicate, timeout: float, what: str, logs: list[Path] = (), interv
 def offloader() -> str:
     """The dlop-offloader to test: $DLOP_OFFLOADER, the venv's, the build's or the PATH's; else a skip."""
     for c in (os.environ.get("DLOP_OFFLOADER", ""), str(ROOT / ".venv/bin/dlop-offloader"),
-              str(ROOT / "build/offload/dlop-offloader"), shutil.which("dlop-offloader") or ""):
+              str(ROOT / "build/offload/daemon/dlop-offloader"), shutil.which("dlop-offloader") or ""):
         if c and os.access(c, os.X_OK):
             return c
     pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")

@@ -22,7 +22,7 @@ from store_servers import (  # noqa: E402,F401 (fixtures)
 
 
 def shard_batches(source, epoch: int, by_shard: bool = True) -> list[tuple[bytes, bytes]]:
-    """The shard-ordered (or sample-order) epoch made here from `source` (tests/offload/batch_reads_test.cpp checks
+    """The shard-ordered (or sample-order) epoch made here from `source` (tests/media/batch_reads_test.cpp checks
     that reading a batch's runs ahead gives each sample's own bytes)."""
     pipeline = offload.Pipeline(json.dumps(SPEC))
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1, source.shard_sizes if by_shard else [])

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "core/random.hpp"
 #include "offload/lease_manager.hpp"
-#include "offload/random.hpp"
 
 namespace dlop::offload {
 namespace {

@@ -1,0 +1,21 @@
+// The per-format decoders behind decode_image.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "media/codec.hpp"
+
+namespace dlop::offload::detail {
+
+// PIL's decompression-bomb limit (twice its warning threshold): a header
+// claiming more is refused before anything is allocated.
+inline constexpr std::uint64_t kMaxPixels = 178956970;
+
+// `choose` may be null (whole image); see decode_image_region.
+void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out,
+                 const RegionChooser* choose = nullptr, CropBox* where = nullptr);
+void decode_png(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
+
+}  // namespace dlop::offload::detail

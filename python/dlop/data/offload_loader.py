@@ -13,13 +13,14 @@ import collections
 import gc
 import json
 import os
+import time
 import warnings
 from typing import Any, Iterator, Sequence
 
 import torch
 
 from dlop import _C
-from dlop.data import _device, _python_job
+from dlop.data import _device, _python_job, metrics
 from dlop.errors import Error, NoOffloaderError
 
 _native = _C.offload
@@ -155,6 +156,11 @@ class OffloadLoader:
     step moves at DLOP_DATA_RATE_MBPS at most. DLOP_TRAFFIC_CLASSES=0 turns
     this off with the rest of the scheduling.
 
+    ``stats()`` returns this rank's data stall, step time, batches in flight
+    and each offloader's rate (dlop.data.metrics.LoaderStats); with
+    DLOP_METRICS_PORT set the process serves them as Prometheus text
+    (``metrics_port``).
+
     ``shuffle``: True shuffles the samples over the whole dataset each epoch
     (DistributedSampler's order), False keeps their order, and ``"shards"``
     (tar shards only: webdataset's ``shardshuffle``) shuffles the order of
@@ -222,6 +228,8 @@ class OffloadLoader:
         self.drop_last = bool(drop_last)
         self.workers = int(workers)
         self.rank, self.world = _rank_world()
+        self.prefetch = int(prefetch)
+        self._stats = metrics.Recorder(self.rank, self.prefetch)
         self._epoch = 0
         self._resume: dict | None = None
         self._position = 0
@@ -240,6 +248,7 @@ class OffloadLoader:
                         pacer=_engine_pacer(process_group), shard_sizes=self._shard_sizes,
                     )
                 self._manager.add_daemon(*_split(address))
+                self._stats.add_address(address)
             except Error as e:  # the daemon did not answer or refused: try the next one
                 reasons.append(f"{address}: {e}")
         if self._manager is not None and self._manager.live_daemons() == 0:
@@ -251,6 +260,9 @@ class OffloadLoader:
                              f"{self._dataset_size}")
         else:
             self._dataset_size = self._manager.dataset_size
+            self._stats.read(self._manager)
+        # With DLOP_METRICS_PORT: the endpoint, if not up yet (a taken port warns).
+        self.metrics_labels = metrics.serve(self)
 
     def _warn_fallback(self, why: str) -> None:
         warnings.warn(
@@ -261,6 +273,12 @@ class OffloadLoader:
         )
 
     @property
+    def metrics_port(self) -> int | None:
+        """The port of this process's /metrics endpoint (DLOP_METRICS_PORT), None when none is
+        served. The loader's series there carry ``metrics_labels`` (rank, loader)."""
+        return metrics.server_port()
+
+    @property
     def offloaded(self) -> bool:
         return self._manager is not None
 
@@ -269,6 +287,12 @@ class OffloadLoader:
         if self._manager is None:
             raise RuntimeError("this OffloadLoader runs locally; offloaders can only join an offloaded one")
         self._manager.add_daemon(*_split(address))
+        self._stats.add_address(address)
+
+    def stats(self) -> metrics.LoaderStats:
+        """This rank's figures so far: data stall, step, batches in flight, per-offloader
+        rates (dlop.data.metrics.LoaderStats documents the fields). Any thread may call it."""
+        return self._stats.stats()
 
     def _plan(self):
         if self._dataset_size is None:
@@ -312,13 +336,27 @@ class OffloadLoader:
         batches = self._iter_offloaded(start) if self._manager is not None else self._iter_local(start)
         if self.device is not None:
             batches = _device.to_device(batches, self.device)
-        yield from batches
+        # The data stall: the time from the loop asking (this generator resumed) to the batch handed out.
+        clock, record = time.perf_counter, self._stats.step
+        self._stats.start_iteration()
+        try:
+            while True:
+                asked = clock()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                record(asked, clock())
+                yield batch
+        finally:
+            batches.close()
 
     def _iter_offloaded(self, start: int):
         m = self._manager
         cursor = self.state_dict()
         cursor["position"] = start
         m.restore(cursor)
+        self._stats.start_iteration(m)
         held = None
         try:
             while True:
@@ -336,6 +374,7 @@ class OffloadLoader:
                 if got is None:
                     return
                 position, samples, labels, held, skipped, lengths = got
+                self._stats.offloaded(m)
                 self._position = position + 1
                 if labels is None:  # the Python path: samples is the batch blob
                     yield _python_job.decode_batch(samples)
@@ -379,6 +418,7 @@ class OffloadLoader:
                     work = _python_worker_batch if self.dataset is not None else _worker_batch
                     window.append(pool.submit(work, b, self.seed, self._epoch))
                 got = window.popleft().result()
+                self._stats.local(len(window))
                 self._position = start + k + 1
                 if self.dataset is not None:
                     yield _python_job.decode_batch(bytearray(got))

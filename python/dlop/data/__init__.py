@@ -4,7 +4,8 @@
 one warning, by local worker processes running the same native pipeline);
 ``offload(loader)`` maps a DataLoader over a torchvision ImageFolder with
 standard transforms onto it; ``make_dataset`` generates the built-in synthetic dataset. The native
-pipeline itself is in ``dlop._C.offload``.
+pipeline itself is in ``dlop._C.offload``. ``metrics`` holds what a loader measures (its
+``stats()``, the DLOP_METRICS_PORT endpoint); ``autoscale`` sizes the offloader fleet from it.
 """
 
 __all__ = ["OffloadLoader", "offload"]

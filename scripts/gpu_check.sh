@@ -72,6 +72,9 @@ run() {  # run NAME COMMAND...: its output to OUT/NAME.txt, and a line saying ho
   if "$@" >"$OUT/$name.txt" 2>&1; then echo "   ok"; else echo "   FAILED (see $OUT/$name.txt)"; tail -15 "$OUT/$name.txt"; status=1; fi
 }
 TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
+# Ranks sharing one device (auto: all-reduces in its memory).
+SHARED=(CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=auto)
+[[ $DEV == dlop_test ]] && SHARED+=(DLOP_TEST_DEVICE_COUNT=1)
 
 # 0. smoke: one small all-reduce on CPU, then on CUDA, logging UCX's lanes, so
 # a machine where nothing runs says why in a few seconds.
@@ -86,7 +89,7 @@ done
 export DLOP_TEST_ACCELERATOR=$DEV DLOP_TEST_TIMEOUT=120
 PYTEST=("$PY" -m pytest -q -x -rfE --tb=short -p no:cacheprovider)
 run tests_staged env DLOP_DEVICE_BACKEND=staged "${PYTEST[@]}" tests/python/test_c10d_device.py
-run tests_shared env DLOP_DEVICE_BACKEND=auto CUDA_VISIBLE_DEVICES=0 "${PYTEST[@]}" tests/python/test_c10d_device.py
+run tests_shared env "${SHARED[@]}" "${PYTEST[@]}" tests/python/test_c10d_device.py
 if ((GPUS >= 2)); then
   run tests_nccl env DLOP_DEVICE_BACKEND=auto "${PYTEST[@]}" tests/python/test_c10d_device.py -k "2ranks or ddp"
 fi
@@ -96,9 +99,7 @@ unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
 peers=dlop,gloo; [[ $DEV == dlop_test ]] && peers=dlop
 run ddp_overlap env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.ddp_overlap \
   --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --trace "$OUT/overlap_trace" --json "$OUT/ddp_overlap.json"
-shared=(CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=auto)
-[[ $DEV == dlop_test ]] && shared+=(DLOP_TEST_DEVICE_COUNT=1)  # both ranks on one device
-run ddp_overlap_shared env "${shared[@]}" "${TORCHRUN[@]}" -m bench.ddp_overlap \
+run ddp_overlap_shared env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.ddp_overlap \
   --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --json "$OUT/ddp_overlap_shared.json"
 
 # 3. collectives with the peers in the same run
@@ -107,24 +108,39 @@ if ((GPUS >= 2)); then
     --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
     --json "$OUT/c10d_2gpus_nccl.json"
 fi
-run c10d_shared_gpu_gloo env "${shared[@]}" "${TORCHRUN[@]}" -m bench.c10d \
+run c10d_shared_gpu_gloo env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.c10d \
   --device "$DEV" --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$OUT/c10d_shared_gpu_gloo.json"
 run device_staging env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.device --device "$DEV" -r 3 \
   --small-iters 200 --json "$OUT/device_staging.json"
 
 # 4. a DDP ImageNet-style run, dlop against the device's own backend
-if ((GPUS >= 2)); then peer=nccl; vis=0,1; else peer=gloo; vis=0; fi
+if ((GPUS >= 2)); then peer=nccl; vis=(CUDA_VISIBLE_DEVICES=0,1); else peer=gloo; vis=("${SHARED[@]}"); fi
 [[ $DEV == dlop_test ]] && peer=
 for backend in dlop $peer; do
-  run "imagenet_ddp_$backend" env CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" examples/imagenet_ddp.py \
+  run "imagenet_ddp_$backend" env "${vis[@]}" "${TORCHRUN[@]}" examples/imagenet_ddp.py \
     --dist-backend "$backend" --device "$DEV" "${IMAGENET[@]}"
 done
 
 # 5. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
-run imagenet_ddp_dlop_traced env DLOP_TRACE="$OUT/trace" DLOP_DEVICE_BACKEND=staged CUDA_VISIBLE_DEVICES=$vis "${TORCHRUN[@]}" \
+run imagenet_ddp_dlop_traced env "${vis[@]}" DLOP_TRACE="$OUT/trace" DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" \
   examples/imagenet_ddp.py --dist-backend dlop --device "$DEV" "${IMAGENET[@]}"
 run trace_summary "$PY" -m dlop.report.trace "$OUT/trace" --json "$OUT/trace_summary.json"
 
 echo "took $(($(date +%s) - START)) s in all"
+# A run folder under bench/results keeps README.md (command, machine, each
+# step's outcome; the figures go in by hand), summary.json, plots and raw.tar.xz.
+if [[ $OUT == bench/results/* ]]; then
+  {
+    echo "# gpu_check, $(date -u +%Y-%m-%d), $REV"
+    echo
+    echo "Command: \`scripts/gpu_check.sh $*\`"
+    echo
+    echo "Machine: $(grep -E '^(cpu|gpu|torch)' "$OUT/machine.txt" | paste -sd ';' -)"
+    echo
+    echo "Steps:"
+    grep -E '^(== |   (ok|FAILED))' "$OUT/gpu_check.log" | paste - - | sed -E 's/^== ([^:]*):.*\t +/- \1: /'
+  } >"$OUT/README.md"
+  "$PY" bench/pack_results.py "$OUT" || status=1
+fi
 echo "results in $OUT"
 exit $status

@@ -93,7 +93,13 @@ done
   echo
   echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(grep '^gpu:' "$OUT/machine.txt" || echo "no GPU")"
   echo
-  echo "Each kind's table, ratios and plot are in <kind>/train_device.md, its rows in <kind>.json, its output in <kind>.txt."
+  echo "Each kind's table and ratios are in <kind>/train_device.md, its plot in <kind>.png, its rows in <kind>.json,"
+  echo "its output in <kind>.txt (all but the plots in raw.tar.xz once packed)."
 } >"$OUT/run.md"
+for kind in ${KINDS:-image video}; do
+  [[ -f $OUT/$kind/train_device.png ]] && mv "$OUT/$kind/train_device.png" "$OUT/$kind.png"
+done
+# A run folder under bench/results keeps README.md, summary.json, plots and raw.tar.xz.
+if [[ $OUT == bench/results/* ]]; then "$PY" bench/pack_results.py "$OUT" || status=1; fi
 echo "results in $OUT after $(($(date +%s) - START)) s"
 exit $status

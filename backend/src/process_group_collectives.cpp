@@ -1,8 +1,9 @@
-// ProcessGroupDlop's collectives: each checks its tensors, stages what is not
-// contiguous (or has to be packed, like a list of outputs) and submits to the
-// engine; the Work copies staged results back before completing its future.
+// ProcessGroupDlop's collectives. Each enters collective() (collective.hpp)
+// with the call itself, for a delegate or the staging, and its CPU
+// implementation, which checks the tensors, stages what is not contiguous
+// (or has to be packed, like a list of outputs) and submits to the engine;
+// the Work copies staged results back before completing its future.
 #include <ATen/ATen.h>
-#include <c10/util/accumulate.h>
 
 #include <cstring>
 #include <numeric>
@@ -10,7 +11,8 @@
 
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
-#include "device_staging.hpp"
+#include "collective.hpp"
+#include "sparse_allreduce.hpp"
 #include "staged_ops.hpp"
 #include "tensor_args.hpp"
 #include "backend/work_dlop.hpp"
@@ -20,6 +22,9 @@ namespace {
 
 using c10d::OpType;
 using coll::DataType;
+using on_device::Tensors;
+using on_device::TensorLists;
+using on_device::WorkPtr;
 
 // The copy-back step of a tensor staged by staged(), and what the Work keeps
 // alive for it: nothing when the operation ran on the tensor itself (the
@@ -112,496 +117,452 @@ bool all_equal(const std::vector<std::size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
 }
 
-// The gathers of a sparse all-reduce and how its Work finishes.
-struct SparseGathers {
+// The one tensor of a call to or from a root rank, and the root checked (the
+// root tensor too where the options name one).
+template <class Options>
+const at::Tensor& rooted_tensor(const Tensors& tensors, const Options& opts, int size, std::string_view op) {
+  const auto& tensor = single_tensor(tensors, op);
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size, "dlop ", op, ": invalid root rank ", opts.rootRank,
+                    " for a group of ", size);
+  if constexpr (requires { opts.rootTensor; }) {
+    DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop ", op, ": invalid root tensor ", opts.rootTensor);
+  }
+  return tensor;
+}
+
+// A tensor reduced in place: its stage (the tensor itself where contiguous),
+// premultiplied for a PREMUL_SUM, and the stage as elements to reduce.
+struct ReduceStage {
+  at::Tensor tensor;
+  BufferView view;
+};
+ReduceStage reduce_stage(const at::Tensor& tensor, const c10d::ReduceOp& op, std::string_view name) {
+  auto stage = staged(tensor);
+  if (auto factor = premul_factor(op, stage)) stage.mul_(*factor);
+  return {stage, reduce_view(stage, op, name)};
+}
+
+// An (input, output) pair of a call that gathers into the output or scatters
+// the input (`gathers`): dense, of one dtype, the whole `size` times the part.
+// `index`: the pair's place in a coalesced call.
+void check_pair(const at::Tensor& input, const at::Tensor& output, int size, bool gathers, std::string_view op,
+                std::optional<std::size_t> index = std::nullopt) {
+  check_tensor(input, op);
+  check_tensor(output, op);
+  check_same_dtype(input, output, op);
+  const auto& whole = gathers ? output : input;
+  const auto& part = gathers ? input : output;
+  DLOP_CHECK_ARG(whole.numel() == part.numel() * size, "dlop ", op, ": ", gathers ? "output" : "input",
+                 index ? c10::str(" ", *index) : std::string(), " has ", whole.numel(), " elements, expected ",
+                 part.numel(), " x ", size);
+}
+
+void check_counts(const Tensors& outputs, const Tensors& inputs, std::string_view op) {
+  DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop ", op, ": ", outputs.size(), " outputs for ", inputs.size(),
+                 " inputs");
+}
+
+// A coalesced call's pairs (check_pair), one engine call each:
+// `submit(in, out)`, given the input made contiguous (which it may replace
+// with a copy) and the output's stage; `finish` copies the stages back.
+struct PairCalls {
   std::vector<sched::Handle> handles;
-  std::vector<at::Tensor> keep_alive;
+  std::vector<at::Tensor> keep;
   std::function<void()> finish;
 };
-
-// allreduce of a sparse COO tensor, as Gloo does it (SUM only): every rank's
-// coalesced indices and values gathered, then summed by coalescing.
-SparseGathers start_sparse_allreduce(sched::Communicator& comm, const at::Tensor& tensor,
-                                     const c10d::AllreduceOptions& opts, const sched::OpOptions& options) {
-  TORCH_CHECK(tensor.device().is_cpu(), "dlop allreduce: sparse tensors must be on the CPU, got ",
-              tensor.device().str());
-  DLOP_CHECK_ARG(opts.reduceOp == c10d::ReduceOp::SUM, "dlop allreduce: sparse tensors can only be summed ",
-                 "(ReduceOp.SUM, as with Gloo), got ReduceOp ", static_cast<int>(opts.reduceOp.op_));
-  const auto input = tensor.coalesce();
-  const auto indices = input.indices().t().contiguous();  // nnz x sparse_dim: ranks' rows concatenate
-  const auto values = input.values().contiguous();         // nnz x dense sizes
-
-  // Every rank's shape first: the gathers below need everyone's nnz, and
-  // tensors that cannot be summed are refused on every rank alike.
-  constexpr int64_t kMaxDims = 64;  // torch's own limit
-  // One row per rank: nnz, then what must match: sparse and dense dims, dtype, dims, sizes.
-  constexpr int64_t kNnz = 0, kSparseDims = 1, kDenseDims = 2, kDtype = 3, kDims = 4, kSizes = 5;
-  constexpr int64_t kFields = kSizes + kMaxDims;
-  DLOP_CHECK_ARG(input.dim() <= kMaxDims, "dlop allreduce: sparse tensor of ", input.dim(), " dimensions");
-  auto meta = at::zeros({kFields}, at::kLong);
-  auto* m = meta.data_ptr<int64_t>();
-  m[kNnz] = input._nnz();
-  m[kSparseDims] = input.sparse_dim();
-  m[kDenseDims] = input.dense_dim();
-  m[kDtype] = static_cast<int64_t>(input.scalar_type());
-  m[kDims] = input.dim();
-  for (int64_t d = 0; d < input.dim(); ++d) m[kSizes + d] = input.size(d);
-  auto everyone = at::empty({static_cast<int64_t>(comm.size()), kFields}, at::kLong);
-  torch_errors([&] {
-    comm.allgather(meta.data_ptr(), everyone.data_ptr(), meta.nbytes(), DataType::kUInt8, options).wait();
-  });
-  std::vector<std::size_t> index_bytes, value_bytes;
-  const auto value_row_bytes = static_cast<std::size_t>(c10::multiply_integers(values.sizes().slice(1)) *
-                                                        values.element_size());
-  int64_t total = 0;
-  for (int64_t r = 0; r < comm.size(); ++r) {
-    const auto* theirs = everyone[r].data_ptr<int64_t>();
-    for (int64_t f = kSparseDims; f < kFields; ++f) {
-      DLOP_CHECK_ARG(theirs[f] == m[f], "dlop allreduce: rank ", r, "'s sparse tensor differs from rank ", comm.rank(),
-                     "'s (sizes ", c10::IntArrayRef(theirs + kSizes, static_cast<std::size_t>(theirs[kDims])), " vs ",
-                     input.sizes(), ", sparse dims ", theirs[kSparseDims], " vs ", m[kSparseDims], ", dtype ",
-                     static_cast<c10::ScalarType>(theirs[kDtype]), " vs ", input.scalar_type(), ")");
-    }
-    index_bytes.push_back(static_cast<std::size_t>(theirs[kNnz] * input.sparse_dim()) * sizeof(int64_t));
-    value_bytes.push_back(static_cast<std::size_t>(theirs[kNnz]) * value_row_bytes);
-    total += theirs[kNnz];
+template <class Submit>
+PairCalls each_pair(const Tensors& outputs, const Tensors& inputs, int size, bool gathers, std::string_view op,
+                    Submit&& submit) {
+  PairCalls calls;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_pair(inputs[i], outputs[i], size, gathers, op, i);
+    auto in = inputs[i].contiguous();
+    auto out = staged(outputs[i]);
+    calls.handles.push_back(torch_errors([&] { return submit(in, out); }));
+    calls.keep.insert(calls.keep.end(), {in, out});
+    copies.emplace_back(outputs[i], out);
   }
-
-  auto all_indices = at::empty({total, input.sparse_dim()}, at::kLong);
-  auto value_sizes = values.sizes().vec();
-  value_sizes[0] = total;
-  auto all_values = at::empty(value_sizes, values.options());
-  auto handles = torch_errors([&] {
-    return std::vector<sched::Handle>{
-        comm.allgatherv(indices.data_ptr(), all_indices.data_ptr(), index_bytes, DataType::kUInt8, options),
-        comm.allgatherv(values.data_ptr(), all_values.data_ptr(), value_bytes, DataType::kUInt8, options)};
-  });
-  return {std::move(handles), {indices, values, all_indices, all_values}, [tensor, all_indices, all_values] {
-            // Coalescing sums the entries several ranks (or one, twice) hold.
-            auto sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes(), tensor.options());
-            tensor.copy_(sum.coalesce());
-          }};
+  calls.finish = [copies] {
+    for (const auto& [user, stage] : copies) copy_back(user, stage);
+  };
+  return calls;
 }
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce(std::vector<at::Tensor>& tensors,
-                                                           const c10d::AllreduceOptions& opts) {
-  const auto device = call_device(tensors, "allreduce");
-  if (auto work = delegated(device, "allreduce", [&](c10d::Backend& d) { return d.allreduce(tensors, opts); })) return *work;
-  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
-    auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
-    return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
-                     std::move(gathers.finish));
-  }
-  if (!device.is_cpu()) return on_device::allreduce(*this, device, tensors, opts);
-  const auto& tensor = single_tensor(tensors, "allreduce");
-  const auto op = engine_op(opts.reduceOp, "allreduce");
-  auto stage = staged(tensor);
-  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
-  const auto view = reduce_view(stage, opts.reduceOp, "allreduce");
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
-  return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
-                   copy_back_step(tensor, stage), options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                     const c10d::AllreduceCoalescedOptions& opts) {
-  const auto device = call_device({&tensors}, "allreduce_coalesced");
-  if (auto work = delegated(device, "allreduce_coalesced", [&](c10d::Backend& d) { return d.allreduce_coalesced(tensors, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::allreduce_coalesced(*this, device, tensors, opts);
-  DLOP_CHECK_ARG(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
-  for (const auto& t : tensors) {
-    check_tensor(t, "allreduce_coalesced");
-    check_same_dtype(t, tensors[0], "allreduce_coalesced");
-  }
-  const auto op = engine_op(opts.reduceOp, "allreduce_coalesced");
-  std::vector<at::Tensor> flat_parts;
-  for (const auto& t : tensors) flat_parts.push_back(t.reshape(-1));
-  auto flat = at::cat(flat_parts);
-  if (auto factor = premul_factor(opts.reduceOp, flat)) flat.mul_(*factor);
-  const auto view = reduce_view(flat, opts.reduceOp, "allreduce_coalesced");
-  auto handle = torch_errors(
-      [&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, op_options(opts.timeout)); });
-  return make_work(OpType::ALLREDUCE_COALESCED, {std::move(handle)}, tensors, {flat}, [tensors, flat] {
-    unpack_bytes(flat, 0, tensors);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::broadcast(std::vector<at::Tensor>& tensors,
-                                                           const c10d::BroadcastOptions& opts) {
-  const auto device = call_device({&tensors}, "broadcast");
-  if (auto work = delegated(device, "broadcast", [&](c10d::Backend& d) { return d.broadcast(tensors, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::broadcast(*this, device, tensors, opts);
-  const auto& tensor = single_tensor(tensors, "broadcast");
-  check_root(opts.rootRank, "broadcast");
-  DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop broadcast: invalid root tensor ", opts.rootTensor);
-  auto stage = staged(tensor);
-  const auto view = byte_view(stage);
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] {
-    return comm_->broadcast(view.data, view.count, view.dtype, static_cast<int>(opts.rootRank), options);
-  });
-  return make_work(OpType::BROADCAST, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
-                   copy_back_step(tensor, stage), options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce(std::vector<at::Tensor>& tensors,
-                                                        const c10d::ReduceOptions& opts) {
-  const auto device = call_device({&tensors}, "reduce");
-  if (auto work = delegated(device, "reduce", [&](c10d::Backend& d) { return d.reduce(tensors, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::reduce(*this, device, tensors, opts);
-  const auto& tensor = single_tensor(tensors, "reduce");
-  check_root(opts.rootRank, "reduce");
-  DLOP_CHECK_ARG(opts.rootTensor == 0, "dlop reduce: invalid root tensor ", opts.rootTensor);
-  const auto op = engine_op(opts.reduceOp, "reduce");
-  auto stage = staged(tensor);
-  if (auto factor = premul_factor(opts.reduceOp, stage)) stage.mul_(*factor);
-  const auto view = reduce_view(stage, opts.reduceOp, "reduce");
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] {
-    return comm_->reduce(view.data, view.data, view.count, view.dtype, op, static_cast<int>(opts.rootRank), options);
-  });
-  return make_work(OpType::REDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
-                   copy_back_step(tensor, stage), options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                           std::vector<at::Tensor>& inputs,
-                                                           const c10d::AllgatherOptions& opts) {
-  const auto output_list = flatten(outputs);
-  const auto device = call_device({&inputs, &output_list}, "allgather");
-  if (auto work = delegated(device, "allgather", [&](c10d::Backend& d) { return d.allgather(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::allgather(*this, device, outputs, inputs, opts);
-  const auto& input = single_tensor(inputs, "allgather");
-  DLOP_CHECK_ARG(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
-  const auto& list = outputs[0];
-  check_list(list, static_cast<std::size_t>(getSize()), input, false, "allgather");
-  const auto counts = byte_counts(list);
-  DLOP_CHECK_ARG(counts[static_cast<std::size_t>(getRank())] == input.nbytes(), "dlop allgather: this rank's output ",
-                    "tensor has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, its input ",
-                    input.numel());
-  auto in = input.contiguous();
-  auto flat = at::empty({static_cast<int64_t>(std::accumulate(counts.begin(), counts.end(), std::size_t{0}))}, at::kByte);
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] {
-    return all_equal(counts) ? comm_->allgather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, options)
-                             : comm_->allgatherv(in.data_ptr(), flat.data_ptr(), counts, DataType::kUInt8, options);
-  });
-  return make_work(OpType::ALLGATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); },
-                   options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                 const c10d::AllgatherOptions& opts) {
-  const std::vector<at::Tensor> both{input, output};
-  const auto device = call_device({&both}, "all_gather_into_tensor");
-  if (auto work = delegated(device, "all_gather_into_tensor", [&](c10d::Backend& d) { return d._allgather_base(output, input, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::allgather_base(*this, device, output, input, opts);
-  check_tensor(input, "all_gather_into_tensor");
-  check_tensor(output, "all_gather_into_tensor");
-  check_same_dtype(input, output, "all_gather_into_tensor");
-  DLOP_CHECK_ARG(output.numel() == input.numel() * getSize(), "dlop all_gather_into_tensor: output has ",
-                    output.numel(), " elements, expected ", input.numel(), " x ", getSize());
-  auto in = input.contiguous();
-  auto out = staged(output);
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors(
-      [&] { return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, options); });
-  return make_work(OpType::_ALLGATHER_BASE, {std::move(handle)}, {output}, {in, out}, copy_back_step(output, out),
-                   options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                                     std::vector<at::Tensor>& inputs,
-                                                                     const c10d::AllgatherOptions& opts) {
-  const auto output_list = flatten(outputs);
-  const auto device = call_device({&inputs, &output_list}, "allgather_coalesced");
-  if (auto work = delegated(device, "allgather_coalesced", [&](c10d::Backend& d) { return d.allgather_coalesced(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::allgather_coalesced(*this, device, outputs, inputs, opts);
-  // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
-  // inputs packed together.
-  DLOP_CHECK_ARG(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
-                    getSize(), " output lists, got ", outputs.size());
-  for (const auto& t : inputs) check_tensor(t, "allgather_coalesced");
-  for (const auto& list : outputs) {
-    DLOP_CHECK_ARG(list.size() == inputs.size(), "dlop allgather_coalesced: output list of ", list.size(),
-                      " tensors for ", inputs.size(), " inputs");
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      check_tensor(list[i], "allgather_coalesced");
-      check_same_dtype(list[i], inputs[i], "allgather_coalesced");
-      DLOP_CHECK_ARG(list[i].numel() == inputs[i].numel(), "dlop allgather_coalesced: output ", i, " has ",
-                        list[i].numel(), " elements, input ", inputs[i].numel());
+WorkPtr ProcessGroupDlop::allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) {
+  const bool sparse = tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse;
+  const auto on_cpu = [&] {
+    if (sparse) {
+      auto gathers = start_sparse_allreduce(*comm_, tensors[0], opts, op_options(opts.timeout));
+      return make_work(OpType::ALLREDUCE, std::move(gathers.handles), {tensors[0]}, std::move(gathers.keep_alive),
+                       std::move(gathers.finish));
     }
-  }
-  auto packed = pack_bytes(inputs);
-  auto flat = at::empty({packed.numel() * getSize()}, at::kByte);
-  auto handle = torch_errors([&] {
-    return comm_->allgather(packed.data_ptr(), flat.data_ptr(), packed.nbytes(), DataType::kUInt8,
-                            op_options(opts.timeout));
-  });
-  std::vector<at::Tensor> all_outputs;
-  for (const auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
-  return make_work(OpType::ALLGATHER_COALESCED, {std::move(handle)}, all_outputs, {packed, flat},
-                   [all_outputs, flat] { unpack_bytes(flat, 0, all_outputs); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                                 std::vector<at::Tensor>& inputs,
-                                                                                 const c10d::AllgatherOptions& opts) {
-  const auto device = call_device({&inputs, &outputs}, "allgather_into_tensor_coalesced");
-  if (auto work = delegated(device, "allgather_into_tensor_coalesced", [&](c10d::Backend& d) { return d.allgather_into_tensor_coalesced(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::allgather_into_tensor_coalesced(*this, device, outputs, inputs, opts);
-  DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop allgather_into_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
-  std::vector<sched::Handle> handles;
-  std::vector<at::Tensor> keep;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    auto& input = inputs[i];
-    auto& output = outputs[i];
-    check_tensor(input, "allgather_into_tensor_coalesced");
-    check_tensor(output, "allgather_into_tensor_coalesced");
-    check_same_dtype(input, output, "allgather_into_tensor_coalesced");
-    DLOP_CHECK_ARG(output.numel() == input.numel() * getSize(), "dlop allgather_into_tensor_coalesced: output ", i,
-                      " has ", output.numel(), " elements, expected ", input.numel(), " x ", getSize());
-    auto in = input.contiguous();
-    auto out = staged(output);
-    handles.push_back(torch_errors([&] {
-      return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, op_options(opts.timeout));
-    }));
-    keep.insert(keep.end(), {in, out});
-    copies.emplace_back(output, out);
-  }
-  return make_work(OpType::COALESCED, std::move(handles), outputs, std::move(keep), [copies] {
-    for (const auto& [user, stage] : copies) copy_back(user, stage);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                        std::vector<at::Tensor>& inputs,
-                                                        const c10d::GatherOptions& opts) {
-  const auto output_list = flatten(outputs);
-  const auto device = call_device({&inputs, &output_list}, "gather");
-  if (auto work = delegated(device, "gather", [&](c10d::Backend& d) { return d.gather(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::gather(*this, device, outputs, inputs, opts);
-  const auto& input = single_tensor(inputs, "gather");
-  check_root(opts.rootRank, "gather");
-  const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> list;
-  if (getRank() == root) {
-    DLOP_CHECK_ARG(outputs.size() == 1, "dlop gather: the root expects one output list, got ", outputs.size());
-    list = outputs[0];
-    check_list(list, static_cast<std::size_t>(getSize()), input, true, "gather");
-  } else {
-    DLOP_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                      "dlop gather: only the root (rank ", root, ") takes output tensors");
-  }
-  auto in = input.contiguous();
-  auto flat = at::empty({getRank() == root ? static_cast<int64_t>(in.nbytes()) * getSize() : 0}, at::kByte);
-  auto handle = torch_errors([&] {
-    return comm_->gather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, root, op_options(opts.timeout));
-  });
-  return make_work(OpType::GATHER, {std::move(handle)}, list, {in, flat}, [list, flat] { unpack_bytes(flat, 0, list); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::scatter(std::vector<at::Tensor>& outputs,
-                                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                                         const c10d::ScatterOptions& opts) {
-  const auto input_list = flatten(inputs);
-  const auto device = call_device({&outputs, &input_list}, "scatter");
-  if (auto work = delegated(device, "scatter", [&](c10d::Backend& d) { return d.scatter(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::scatter(*this, device, outputs, inputs, opts);
-  const auto& output = single_tensor(outputs, "scatter");
-  check_root(opts.rootRank, "scatter");
-  const int root = static_cast<int>(opts.rootRank);
-  at::Tensor packed = at::empty({0}, at::kByte);
-  if (getRank() == root) {
-    DLOP_CHECK_ARG(inputs.size() == 1, "dlop scatter: the root expects one input list, got ", inputs.size());
-    check_list(inputs[0], static_cast<std::size_t>(getSize()), output, true, "scatter");
-    packed = pack_bytes(inputs[0]);
-  } else {
-    DLOP_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                      "dlop scatter: only the root (rank ", root, ") takes input tensors");
-  }
-  auto out = staged(output);
-  auto handle = torch_errors([&] {
-    return comm_->scatter(packed.data_ptr(), out.data_ptr(), out.nbytes(), DataType::kUInt8, root,
-                          op_options(opts.timeout));
-  });
-  return make_work(OpType::SCATTER, {std::move(handle)}, {output}, {packed, out}, [output, out] { copy_back(output, out); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                                const c10d::ReduceScatterOptions& opts) {
-  const auto input_list = flatten(inputs);
-  const auto device = call_device({&outputs, &input_list}, "reduce_scatter");
-  if (auto work = delegated(device, "reduce_scatter", [&](c10d::Backend& d) { return d.reduce_scatter(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::reduce_scatter(*this, device, outputs, inputs, opts);
-  const auto& output = single_tensor(outputs, "reduce_scatter");
-  DLOP_CHECK_ARG(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
-  const auto& list = inputs[0];
-  check_list(list, static_cast<std::size_t>(getSize()), output, false, "reduce_scatter");
-  DLOP_CHECK_ARG(list[static_cast<std::size_t>(getRank())].numel() == output.numel(), "dlop reduce_scatter: input ",
-                    getRank(), " has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, the output ",
-                    output.numel());
-  const auto op = engine_op(opts.reduceOp, "reduce_scatter");
-  std::vector<at::Tensor> flat_parts;
-  std::vector<std::size_t> counts;
-  for (const auto& t : list) {
-    flat_parts.push_back(t.reshape(-1));
-    counts.push_back(static_cast<std::size_t>(t.numel()) * (t.is_complex() ? 2 : 1));
-  }
-  const auto factor = premul_factor(opts.reduceOp, list[0]);
-  const auto in_place = factor ? std::nullopt : consecutive_bytes(list);
-  auto flat = in_place ? in_place->view(list[0].scalar_type()) : at::cat(flat_parts);
-  if (factor) flat.mul_(*factor);
-  const auto view = reduce_view(flat, opts.reduceOp, "reduce_scatter");
-  auto out = staged(output);
-  const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter");
-  auto handle = torch_errors([&] {
-    return all_equal(counts)
-               ? comm_->reduce_scatter(view.data, out_view.data, out_view.count, view.dtype, op, op_options(opts.timeout))
-               : comm_->reduce_scatterv(view.data, out_view.data, counts, view.dtype, op, op_options(opts.timeout));
-  });
-  return make_work(OpType::REDUCE_SCATTER, {std::move(handle)}, {output}, {flat, out},
-                   [output, out] { copy_back(output, out); });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                                      const c10d::ReduceScatterOptions& opts) {
-  const std::vector<at::Tensor> both{input, output};
-  const auto device = call_device({&both}, "reduce_scatter_tensor");
-  if (auto work = delegated(device, "reduce_scatter_tensor", [&](c10d::Backend& d) { return d._reduce_scatter_base(output, input, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::reduce_scatter_base(*this, device, output, input, opts);
-  check_tensor(input, "reduce_scatter_tensor");
-  check_tensor(output, "reduce_scatter_tensor");
-  check_same_dtype(input, output, "reduce_scatter_tensor");
-  DLOP_CHECK_ARG(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor: input has ",
-                    input.numel(), " elements, expected ", output.numel(), " x ", getSize());
-  const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor");
-  auto in = input.contiguous();
-  if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;  // never scale the caller's input
-  auto out = staged(output);
-  const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor");
-  const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor");
-  auto options = op_options(opts.timeout);
-  options.caller_waits = caller_waits(opts);
-  auto handle = torch_errors([&] {
-    return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op, options);
-  });
-  return make_work(OpType::_REDUCE_SCATTER_BASE, {std::move(handle)}, {output}, {in, out}, copy_back_step(output, out),
-                   options.caller_waits);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  const auto device = call_device({&inputs, &outputs}, "reduce_scatter_tensor_coalesced");
-  if (auto work = delegated(device, "reduce_scatter_tensor_coalesced", [&](c10d::Backend& d) { return d.reduce_scatter_tensor_coalesced(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::reduce_scatter_tensor_coalesced(*this, device, outputs, inputs, opts);
-  DLOP_CHECK_ARG(outputs.size() == inputs.size(), "dlop reduce_scatter_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
-  const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
-  std::vector<sched::Handle> handles;
-  std::vector<at::Tensor> keep;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    auto& input = inputs[i];
-    auto& output = outputs[i];
-    check_tensor(input, "reduce_scatter_tensor_coalesced");
-    check_tensor(output, "reduce_scatter_tensor_coalesced");
-    check_same_dtype(input, output, "reduce_scatter_tensor_coalesced");
-    DLOP_CHECK_ARG(input.numel() == output.numel() * getSize(), "dlop reduce_scatter_tensor_coalesced: input ", i,
-                      " has ", input.numel(), " elements, expected ", output.numel(), " x ", getSize());
-    auto in = input.contiguous();
-    if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;
-    auto out = staged(output);
-    const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor_coalesced");
-    const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor_coalesced");
-    handles.push_back(torch_errors([&] {
-      return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op,
-                                   op_options(opts.timeout));
-    }));
-    keep.insert(keep.end(), {in, out});
-    copies.emplace_back(output, out);
-  }
-  return make_work(OpType::COALESCED, std::move(handles), outputs, std::move(keep), [copies] {
-    for (const auto& [user, stage] : copies) copy_back(user, stage);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                               std::vector<int64_t>& output_split_sizes,
-                                                               std::vector<int64_t>& input_split_sizes,
-                                                               const c10d::AllToAllOptions& opts) {
-  const std::vector<at::Tensor> both{input, output};
-  const auto device = call_device({&both}, "all_to_all_single");
-  if (auto work = delegated(device, "all_to_all_single", [&](c10d::Backend& d) { return d.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::alltoall_base(*this, device, output, input, output_split_sizes, input_split_sizes, opts);
-  check_tensor(input, "all_to_all_single");
-  check_tensor(output, "all_to_all_single");
-  check_same_dtype(input, output, "all_to_all_single");
-  auto in = input.contiguous();
-  auto out = staged(output);
-  // Split sizes count rows (the first dimension); the engine counts bytes.
-  const auto byte_splits = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    const auto row_bytes = rows == 0 ? std::size_t{0} : t.nbytes() / static_cast<std::size_t>(rows);
-    std::vector<std::size_t> counts;
-    if (splits.empty()) {
-      DLOP_CHECK_ARG(rows % getSize() == 0, "dlop all_to_all_single: ", which, " has ", rows,
-                        " rows, not divisible by the group size ", getSize());
-      counts.assign(static_cast<std::size_t>(getSize()), row_bytes * static_cast<std::size_t>(rows / getSize()));
-      return counts;
-    }
-    DLOP_CHECK_ARG(splits.size() == static_cast<std::size_t>(getSize()), "dlop all_to_all_single: ", splits.size(),
-                      " ", which, " split sizes for a group of ", getSize());
-    int64_t total = 0;
-    for (const auto s : splits) {
-      DLOP_CHECK_ARG(s >= 0, "dlop all_to_all_single: negative ", which, " split size ", s);
-      total += s;
-      counts.push_back(row_bytes * static_cast<std::size_t>(s));
-    }
-    DLOP_CHECK_ARG(total == rows, "dlop all_to_all_single: ", which, " split sizes add up to ", total,
-                      " rows but the tensor has ", rows);
-    return counts;
+    const auto& tensor = single_tensor(tensors, "allreduce");
+    const auto op = engine_op(opts.reduceOp, "allreduce");
+    const auto stage = reduce_stage(tensor, opts.reduceOp, "allreduce");
+    const auto& view = stage.view;
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle =
+        torch_errors([&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, options); });
+    return make_work(OpType::ALLREDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage.tensor),
+                     copy_back_step(tensor, stage.tensor), options.caller_waits);
   };
-  auto send_counts = byte_splits(in, input_split_sizes, "input");
-  auto recv_counts = byte_splits(out, output_split_sizes, "output");
-  auto handle = torch_errors([&] {
-    return comm_->alltoallv(in.data_ptr(), std::move(send_counts), out.data_ptr(), std::move(recv_counts),
-                            DataType::kUInt8, op_options(opts.timeout));
-  });
-  return make_work(OpType::ALLTOALL_BASE, {std::move(handle)}, {output}, {in, out},
-                   [output, out] { copy_back(output, out); });
+  // The CPU code refuses sparse tensors off the CPU.
+  return collective(OpType::ALLREDUCE, "allreduce", tensors, tensors,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.allreduce(out, opts); },
+                    [&](c10::Device d) { return sparse ? on_cpu() : on_device::allreduce(*this, d, tensors, opts); },
+                    on_cpu);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::alltoall(std::vector<at::Tensor>& outputs,
-                                                          std::vector<at::Tensor>& inputs,
-                                                          const c10d::AllToAllOptions& opts) {
-  const auto device = call_device({&inputs, &outputs}, "all_to_all");
-  if (auto work = delegated(device, "all_to_all", [&](c10d::Backend& d) { return d.alltoall(outputs, inputs, opts); })) return *work;
-  if (!device.is_cpu()) return on_device::alltoall(*this, device, outputs, inputs, opts);
-  DLOP_CHECK_ARG(!inputs.empty(), "dlop all_to_all: no input tensors");
-  check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
-  check_list(outputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
-  auto packed = pack_bytes(inputs);
-  auto recv_counts = byte_counts(outputs);
-  auto flat = at::empty({static_cast<int64_t>(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}))},
-                        at::kByte);
-  auto handle = torch_errors([&] {
-    return comm_->alltoallv(packed.data_ptr(), byte_counts(inputs), flat.data_ptr(), std::move(recv_counts),
-                            DataType::kUInt8, op_options(opts.timeout));
+WorkPtr ProcessGroupDlop::allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return collective(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, tensors,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.allreduce_coalesced(out, opts); },
+                    [&](c10::Device d) { return on_device::allreduce_coalesced(*this, d, tensors, opts); }, [&] {
+    DLOP_CHECK_ARG(!tensors.empty(), "dlop allreduce_coalesced: no tensors");
+    for (const auto& t : tensors) {
+      check_tensor(t, "allreduce_coalesced");
+      check_same_dtype(t, tensors[0], "allreduce_coalesced");
+    }
+    const auto op = engine_op(opts.reduceOp, "allreduce_coalesced");
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : tensors) flat_parts.push_back(t.reshape(-1));
+    auto flat = at::cat(flat_parts);
+    if (auto factor = premul_factor(opts.reduceOp, flat)) flat.mul_(*factor);
+    const auto view = reduce_view(flat, opts.reduceOp, "allreduce_coalesced");
+    auto handle = torch_errors(
+        [&] { return comm_->allreduce(view.data, view.data, view.count, view.dtype, op, op_options(opts.timeout)); });
+    return make_work(OpType::ALLREDUCE_COALESCED, {std::move(handle)}, tensors, {flat}, [tensors, flat] {
+      unpack_bytes(flat, 0, tensors);
+    });
   });
-  return make_work(OpType::ALLTOALL, {std::move(handle)}, outputs, {packed, flat},
-                   [outputs, flat] { unpack_bytes(flat, 0, outputs); });
+}
+
+WorkPtr ProcessGroupDlop::broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) {
+  return collective(OpType::BROADCAST, "broadcast", tensors, tensors,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.broadcast(out, opts); },
+                    [&](c10::Device d) { return on_device::broadcast(*this, d, tensors, opts); }, [&] {
+    const auto& tensor = rooted_tensor(tensors, opts, getSize(), "broadcast");
+    auto stage = staged(tensor);
+    const auto view = byte_view(stage);
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle = torch_errors([&] {
+      return comm_->broadcast(view.data, view.count, view.dtype, static_cast<int>(opts.rootRank), options);
+    });
+    return make_work(OpType::BROADCAST, {std::move(handle)}, {tensor}, kept_stage(tensor, stage),
+                     copy_back_step(tensor, stage), options.caller_waits);
+  });
+}
+
+WorkPtr ProcessGroupDlop::reduce(Tensors& tensors, const c10d::ReduceOptions& opts) {
+  return collective(OpType::REDUCE, "reduce", tensors, tensors,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.reduce(out, opts); },
+                    [&](c10::Device d) { return on_device::reduce(*this, d, tensors, opts); }, [&] {
+    const auto& tensor = rooted_tensor(tensors, opts, getSize(), "reduce");
+    const auto op = engine_op(opts.reduceOp, "reduce");
+    const auto stage = reduce_stage(tensor, opts.reduceOp, "reduce");
+    const auto& view = stage.view;
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle = torch_errors([&] {
+      return comm_->reduce(view.data, view.data, view.count, view.dtype, op, static_cast<int>(opts.rootRank), options);
+    });
+    return make_work(OpType::REDUCE, {std::move(handle)}, {tensor}, kept_stage(tensor, stage.tensor),
+                     copy_back_step(tensor, stage.tensor), options.caller_waits);
+  });
+}
+
+WorkPtr ProcessGroupDlop::allgather(TensorLists& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts) {
+  return collective(OpType::ALLGATHER, "allgather", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.allgather(out, in, opts); }, [&] {
+    const auto& input = single_tensor(inputs, "allgather");
+    DLOP_CHECK_ARG(outputs.size() == 1, "dlop allgather: expects one output list, got ", outputs.size());
+    const auto& list = outputs[0];
+    check_list(list, static_cast<std::size_t>(getSize()), input, false, "allgather");
+    const auto counts = byte_counts(list);
+    DLOP_CHECK_ARG(counts[static_cast<std::size_t>(getRank())] == input.nbytes(), "dlop allgather: this rank's output ",
+                   "tensor has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, its input ",
+                   input.numel());
+    auto in = input.contiguous();
+    const auto total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    auto flat = at::empty({static_cast<int64_t>(total)}, at::kByte);
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle = torch_errors([&] {
+      return all_equal(counts)
+                 ? comm_->allgather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, options)
+                 : comm_->allgatherv(in.data_ptr(), flat.data_ptr(), counts, DataType::kUInt8, options);
+    });
+    return make_work(OpType::ALLGATHER, {std::move(handle)}, list, {in, flat},
+                     [list, flat] { unpack_bytes(flat, 0, list); }, options.caller_waits);
+  });
+}
+
+WorkPtr ProcessGroupDlop::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return collective(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", output, input,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b._allgather_base(out, in, opts); }, [&] {
+    check_pair(input, output, getSize(), /*gathers=*/true, "all_gather_into_tensor");
+    auto in = input.contiguous();
+    auto out = staged(output);
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle = torch_errors(
+        [&] { return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8, options); });
+    return make_work(OpType::_ALLGATHER_BASE, {std::move(handle)}, {output}, {in, out}, copy_back_step(output, out),
+                     options.caller_waits);
+  });
+}
+
+WorkPtr ProcessGroupDlop::allgather_coalesced(TensorLists& outputs, Tensors& inputs,
+                                              const c10d::AllgatherOptions& opts) {
+  return collective(OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.allgather_coalesced(out, in, opts); },
+                    [&](c10::Device d) { return on_device::allgather_coalesced(*this, d, outputs, inputs, opts); },
+                    [&] {
+    // outputs[r][i] receives rank r's inputs[i]: one all-gather of everyone's
+    // inputs packed together.
+    DLOP_CHECK_ARG(outputs.size() == static_cast<std::size_t>(getSize()), "dlop allgather_coalesced: expects ",
+                   getSize(), " output lists, got ", outputs.size());
+    for (const auto& t : inputs) check_tensor(t, "allgather_coalesced");
+    for (const auto& list : outputs) {
+      DLOP_CHECK_ARG(list.size() == inputs.size(), "dlop allgather_coalesced: output list of ", list.size(),
+                     " tensors for ", inputs.size(), " inputs");
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        check_tensor(list[i], "allgather_coalesced");
+        check_same_dtype(list[i], inputs[i], "allgather_coalesced");
+        DLOP_CHECK_ARG(list[i].numel() == inputs[i].numel(), "dlop allgather_coalesced: output ", i, " has ",
+                       list[i].numel(), " elements, input ", inputs[i].numel());
+      }
+    }
+    auto packed = pack_bytes(inputs);
+    auto flat = at::empty({packed.numel() * getSize()}, at::kByte);
+    auto handle = torch_errors([&] {
+      return comm_->allgather(packed.data_ptr(), flat.data_ptr(), packed.nbytes(), DataType::kUInt8,
+                              op_options(opts.timeout));
+    });
+    std::vector<at::Tensor> all_outputs;
+    for (const auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
+    return make_work(OpType::ALLGATHER_COALESCED, {std::move(handle)}, all_outputs, {packed, flat},
+                     [all_outputs, flat] { unpack_bytes(flat, 0, all_outputs); });
+  });
+}
+
+WorkPtr ProcessGroupDlop::allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  return collective(OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) {
+                      return b.allgather_into_tensor_coalesced(out, in, opts);
+                    }, [&] {
+    check_counts(outputs, inputs, "allgather_into_tensor_coalesced");
+    auto calls = each_pair(outputs, inputs, getSize(), /*gathers=*/true, "allgather_into_tensor_coalesced",
+                           [&](const at::Tensor& in, const at::Tensor& out) {
+                             return comm_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), DataType::kUInt8,
+                                                     op_options(opts.timeout));
+                           });
+    return make_work(OpType::COALESCED, std::move(calls.handles), outputs, std::move(calls.keep),
+                     std::move(calls.finish));
+  });
+}
+
+WorkPtr ProcessGroupDlop::gather(TensorLists& outputs, Tensors& inputs, const c10d::GatherOptions& opts) {
+  return collective(OpType::GATHER, "gather", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.gather(out, in, opts); }, [&] {
+    const auto& input = rooted_tensor(inputs, opts, getSize(), "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> list;
+    if (getRank() == root) {
+      DLOP_CHECK_ARG(outputs.size() == 1, "dlop gather: the root expects one output list, got ", outputs.size());
+      list = outputs[0];
+      check_list(list, static_cast<std::size_t>(getSize()), input, true, "gather");
+    } else {
+      DLOP_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                     "dlop gather: only the root (rank ", root, ") takes output tensors");
+    }
+    auto in = input.contiguous();
+    auto flat = at::empty({getRank() == root ? static_cast<int64_t>(in.nbytes()) * getSize() : 0}, at::kByte);
+    auto handle = torch_errors([&] {
+      return comm_->gather(in.data_ptr(), flat.data_ptr(), in.nbytes(), DataType::kUInt8, root,
+                           op_options(opts.timeout));
+    });
+    return make_work(OpType::GATHER, {std::move(handle)}, list, {in, flat},
+                     [list, flat] { unpack_bytes(flat, 0, list); });
+  });
+}
+
+WorkPtr ProcessGroupDlop::scatter(Tensors& outputs, TensorLists& inputs, const c10d::ScatterOptions& opts) {
+  return collective(OpType::SCATTER, "scatter", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.scatter(out, in, opts); },
+                    [&](c10::Device d) { return on_device::scatter(*this, d, outputs, inputs, opts); }, [&] {
+    const auto& output = rooted_tensor(outputs, opts, getSize(), "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    at::Tensor packed = at::empty({0}, at::kByte);
+    if (getRank() == root) {
+      DLOP_CHECK_ARG(inputs.size() == 1, "dlop scatter: the root expects one input list, got ", inputs.size());
+      check_list(inputs[0], static_cast<std::size_t>(getSize()), output, true, "scatter");
+      packed = pack_bytes(inputs[0]);
+    } else {
+      DLOP_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                     "dlop scatter: only the root (rank ", root, ") takes input tensors");
+    }
+    auto out = staged(output);
+    auto handle = torch_errors([&] {
+      return comm_->scatter(packed.data_ptr(), out.data_ptr(), out.nbytes(), DataType::kUInt8, root,
+                            op_options(opts.timeout));
+    });
+    return make_work(OpType::SCATTER, {std::move(handle)}, {output}, {packed, out},
+                     [output, out] { copy_back(output, out); });
+  });
+}
+
+WorkPtr ProcessGroupDlop::reduce_scatter(Tensors& outputs, TensorLists& inputs,
+                                         const c10d::ReduceScatterOptions& opts) {
+  return collective(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.reduce_scatter(out, in, opts); },
+                    [&](c10::Device d) { return on_device::reduce_scatter(*this, d, outputs, inputs, opts); }, [&] {
+    const auto& output = single_tensor(outputs, "reduce_scatter");
+    DLOP_CHECK_ARG(inputs.size() == 1, "dlop reduce_scatter: expects one input list, got ", inputs.size());
+    const auto& list = inputs[0];
+    check_list(list, static_cast<std::size_t>(getSize()), output, false, "reduce_scatter");
+    DLOP_CHECK_ARG(list[static_cast<std::size_t>(getRank())].numel() == output.numel(), "dlop reduce_scatter: input ",
+                   getRank(), " has ", list[static_cast<std::size_t>(getRank())].numel(), " elements, the output ",
+                   output.numel());
+    const auto op = engine_op(opts.reduceOp, "reduce_scatter");
+    std::vector<at::Tensor> flat_parts;
+    std::vector<std::size_t> counts;
+    for (const auto& t : list) {
+      flat_parts.push_back(t.reshape(-1));
+      counts.push_back(static_cast<std::size_t>(t.numel()) * (t.is_complex() ? 2 : 1));
+    }
+    const auto factor = premul_factor(opts.reduceOp, list[0]);
+    const auto in_place = factor ? std::nullopt : consecutive_bytes(list);
+    auto flat = in_place ? in_place->view(list[0].scalar_type()) : at::cat(flat_parts);
+    if (factor) flat.mul_(*factor);
+    const auto view = reduce_view(flat, opts.reduceOp, "reduce_scatter");
+    auto out = staged(output);
+    const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter");
+    auto handle = torch_errors([&] {
+      const auto options = op_options(opts.timeout);
+      return all_equal(counts)
+                 ? comm_->reduce_scatter(view.data, out_view.data, out_view.count, view.dtype, op, options)
+                 : comm_->reduce_scatterv(view.data, out_view.data, counts, view.dtype, op, options);
+    });
+    return make_work(OpType::REDUCE_SCATTER, {std::move(handle)}, {output}, {flat, out},
+                     [output, out] { copy_back(output, out); });
+  });
+}
+
+WorkPtr ProcessGroupDlop::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                               const c10d::ReduceScatterOptions& opts) {
+  return collective(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", output, input,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b._reduce_scatter_base(out, in, opts); },
+                    [&](c10::Device d) { return on_device::reduce_scatter_base(*this, d, output, input, opts); }, [&] {
+    check_pair(input, output, getSize(), /*gathers=*/false, "reduce_scatter_tensor");
+    const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor");
+    auto in = input.contiguous();
+    if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;  // never scale the caller's input
+    auto out = staged(output);
+    const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor");
+    const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor");
+    auto options = op_options(opts.timeout);
+    options.caller_waits = caller_waits(opts);
+    auto handle = torch_errors([&] {
+      return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype, op, options);
+    });
+    return make_work(OpType::_REDUCE_SCATTER_BASE, {std::move(handle)}, {output}, {in, out},
+                     copy_back_step(output, out), options.caller_waits);
+  });
+}
+
+WorkPtr ProcessGroupDlop::reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                                          const c10d::ReduceScatterOptions& opts) {
+  return collective(OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) {
+                      return b.reduce_scatter_tensor_coalesced(out, in, opts);
+                    },
+                    [&](c10::Device d) {
+                      return on_device::reduce_scatter_tensor_coalesced(*this, d, outputs, inputs, opts);
+                    }, [&] {
+    check_counts(outputs, inputs, "reduce_scatter_tensor_coalesced");
+    const auto op = engine_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
+    auto calls = each_pair(outputs, inputs, getSize(), /*gathers=*/false, "reduce_scatter_tensor_coalesced",
+                           [&](at::Tensor& in, const at::Tensor& out) {
+                             if (auto factor = premul_factor(opts.reduceOp, in)) in = in * *factor;
+                             const auto in_view = reduce_view(in, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+                             const auto out_view = reduce_view(out, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+                             return comm_->reduce_scatter(in_view.data, out_view.data, out_view.count, in_view.dtype,
+                                                          op, op_options(opts.timeout));
+                           });
+    return make_work(OpType::COALESCED, std::move(calls.handles), outputs, std::move(calls.keep),
+                     std::move(calls.finish));
+  });
+}
+
+WorkPtr ProcessGroupDlop::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+                                        std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return collective(OpType::ALLTOALL_BASE, "all_to_all_single", output, input,
+                    [&](c10d::Backend& b, auto& out, auto& in) {
+                      return b.alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+                    }, [&] {
+    check_tensor(input, "all_to_all_single");
+    check_tensor(output, "all_to_all_single");
+    check_same_dtype(input, output, "all_to_all_single");
+    auto in = input.contiguous();
+    auto out = staged(output);
+    // Split sizes count rows (the first dimension); the engine counts bytes.
+    const auto byte_splits = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+      const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      const auto row_bytes = rows == 0 ? std::size_t{0} : t.nbytes() / static_cast<std::size_t>(rows);
+      std::vector<std::size_t> counts;
+      if (splits.empty()) {
+        DLOP_CHECK_ARG(rows % getSize() == 0, "dlop all_to_all_single: ", which, " has ", rows,
+                       " rows, not divisible by the group size ", getSize());
+        counts.assign(static_cast<std::size_t>(getSize()), row_bytes * static_cast<std::size_t>(rows / getSize()));
+        return counts;
+      }
+      DLOP_CHECK_ARG(splits.size() == static_cast<std::size_t>(getSize()), "dlop all_to_all_single: ", splits.size(),
+                     " ", which, " split sizes for a group of ", getSize());
+      int64_t total = 0;
+      for (const auto s : splits) {
+        DLOP_CHECK_ARG(s >= 0, "dlop all_to_all_single: negative ", which, " split size ", s);
+        total += s;
+        counts.push_back(row_bytes * static_cast<std::size_t>(s));
+      }
+      DLOP_CHECK_ARG(total == rows, "dlop all_to_all_single: ", which, " split sizes add up to ", total,
+                     " rows but the tensor has ", rows);
+      return counts;
+    };
+    auto send_counts = byte_splits(in, input_split_sizes, "input");
+    auto recv_counts = byte_splits(out, output_split_sizes, "output");
+    auto handle = torch_errors([&] {
+      return comm_->alltoallv(in.data_ptr(), std::move(send_counts), out.data_ptr(), std::move(recv_counts),
+                              DataType::kUInt8, op_options(opts.timeout));
+    });
+    return make_work(OpType::ALLTOALL_BASE, {std::move(handle)}, {output}, {in, out},
+                     [output, out] { copy_back(output, out); });
+  });
+}
+
+WorkPtr ProcessGroupDlop::alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) {
+  return collective(OpType::ALLTOALL, "all_to_all", outputs, inputs,
+                    [&](c10d::Backend& b, auto& out, auto& in) { return b.alltoall(out, in, opts); },
+                    [&](c10::Device d) { return on_device::alltoall(*this, d, outputs, inputs, opts); }, [&] {
+    DLOP_CHECK_ARG(!inputs.empty(), "dlop all_to_all: no input tensors");
+    check_list(inputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
+    check_list(outputs, static_cast<std::size_t>(getSize()), inputs[0], false, "all_to_all");
+    auto packed = pack_bytes(inputs);
+    auto recv_counts = byte_counts(outputs);
+    const auto total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+    auto flat = at::empty({static_cast<int64_t>(total)}, at::kByte);
+    auto handle = torch_errors([&] {
+      return comm_->alltoallv(packed.data_ptr(), byte_counts(inputs), flat.data_ptr(), std::move(recv_counts),
+                              DataType::kUInt8, op_options(opts.timeout));
+    });
+    return make_work(OpType::ALLTOALL, {std::move(handle)}, outputs, {packed, flat},
+                     [outputs, flat] { unpack_bytes(flat, 0, outputs); });
+  });
 }
 
 }  // namespace dlop::backend

@@ -10,12 +10,12 @@
 
 #include "backend/torch_error.hpp"
 #include "c10d_store.hpp"
+#include "collective.hpp"
 #include "delegation.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "device_staging.hpp"
 #include "shared_device.hpp"
-#include "staged_ops.hpp"
 #include "tensor_args.hpp"
 #include "transport/session.hpp"
 #include "backend/work_dlop.hpp"
@@ -184,11 +184,6 @@ void ProcessGroupDlop::track_delegated(const c10::intrusive_ptr<c10d::Work>& wor
   if (comm_) count_until_done(work, device, comm_->data_credits());
 }
 
-void ProcessGroupDlop::check_root(int64_t root, const char* op) const {
-  TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "dlop ", op, ": invalid root rank ", root, " for a group of ",
-                    getSize());
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, std::vector<sched::Handle> handles,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep_alive,
@@ -268,48 +263,42 @@ void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  const auto device = call_device(tensors, "send");
-  if (auto work = delegated(device, "send", [&](c10d::Backend& d) { return d.send(tensors, dst_rank, tag); })) return *work;
-  if (!device.is_cpu()) return on_device::send(*this, device, tensors, dst_rank, tag);
-  const auto& tensor = single_tensor(tensors, "send");
-  check_tag(tag, "send");
-  TORCH_CHECK_VALUE(dst_rank >= 0 && dst_rank < getSize(), "dlop send: invalid destination rank ", dst_rank,
-                    " for a group of ", getSize());
-  auto stage = staged(tensor);
-  const auto view = byte_view(stage);
-  auto handle = comm_->send(view.data, view.count, view.dtype, dst_rank, static_cast<std::uint32_t>(tag),
-                            op_options(timeout_));
-  return make_work(c10d::OpType::SEND, {std::move(handle)}, {}, {tensor, stage});
+  std::vector<at::Tensor> none;
+  return collective(c10d::OpType::SEND, "send", none, tensors,
+                    [&](c10d::Backend& b, auto&, auto& in) { return b.send(in, dst_rank, tag); },
+                    [&] { return point_to_point(c10d::OpType::SEND, tensors, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  const auto device = call_device(tensors, "recv");
-  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recv(tensors, src_rank, tag); })) return *work;
-  if (!device.is_cpu()) return on_device::recv(*this, device, tensors, src_rank, tag);
-  const auto& tensor = single_tensor(tensors, "recv");
-  check_tag(tag, "recv");
-  TORCH_CHECK_VALUE(src_rank >= 0 && src_rank < getSize(), "dlop recv: invalid source rank ", src_rank,
-                    " for a group of ", getSize());
-  auto stage = staged(tensor);
-  const auto view = byte_view(stage);
-  auto handle = comm_->recv(view.data, view.count, view.dtype, src_rank, static_cast<std::uint32_t>(tag),
-                            op_options(timeout_));
-  return make_work(c10d::OpType::RECV, {std::move(handle)}, {tensor}, {stage},
-                   [tensor, stage] { copy_back(tensor, stage); });
+  std::vector<at::Tensor> none;
+  return collective(c10d::OpType::RECV, "recv", tensors, none,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.recv(out, src_rank, tag); },
+                    [&] { return point_to_point(c10d::OpType::RECV, tensors, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  const auto device = call_device(tensors, "recv");
-  if (auto work = delegated(device, "recv", [&](c10d::Backend& d) { return d.recvAnysource(tensors, tag); })) return *work;
-  if (!device.is_cpu()) return on_device::recv_anysource(*this, device, tensors, tag);
-  const auto& tensor = single_tensor(tensors, "recv");
-  check_tag(tag, "recv");
+  std::vector<at::Tensor> none;
+  return collective(c10d::OpType::RECVANYSOURCE, "recv", tensors, none,
+                    [&](c10d::Backend& b, auto& out, auto&) { return b.recvAnysource(out, tag); },
+                    [&] { return point_to_point(c10d::OpType::RECVANYSOURCE, tensors, -1, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors,
+                                                                int peer, int tag) {
+  const bool sending = type == c10d::OpType::SEND;
+  const char* op = sending ? "send" : "recv";
+  const auto& tensor = single_tensor(tensors, op);
+  check_tag(tag, op);
+  TORCH_CHECK_VALUE(type == c10d::OpType::RECVANYSOURCE || (peer >= 0 && peer < getSize()), "dlop ", op,
+                    ": invalid ", sending ? "destination" : "source", " rank ", peer, " for a group of ", getSize());
   auto stage = staged(tensor);
   const auto view = byte_view(stage);
-  auto handle = comm_->recv(view.data, view.count, view.dtype, -1, static_cast<std::uint32_t>(tag),
-                            op_options(timeout_));
-  return make_work(c10d::OpType::RECVANYSOURCE, {std::move(handle)}, {tensor}, {stage},
-                   [tensor, stage] { copy_back(tensor, stage); });
+  const auto options = op_options(timeout_);
+  const auto wire_tag = static_cast<std::uint32_t>(tag);
+  auto handle = sending ? comm_->send(view.data, view.count, view.dtype, peer, wire_tag, options)
+                        : comm_->recv(view.data, view.count, view.dtype, peer, wire_tag, options);
+  if (sending) return make_work(type, {std::move(handle)}, {}, {tensor, stage});
+  return make_work(type, {std::move(handle)}, {tensor}, {stage}, [tensor, stage] { copy_back(tensor, stage); });
 }
 
 }  // namespace dlop::backend

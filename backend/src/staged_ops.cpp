@@ -15,36 +15,16 @@
 namespace dlop::backend::on_device {
 namespace {
 
-using CopyBack = std::vector<std::pair<at::Tensor, at::Tensor>>;
-
-Tensors to_host(DeviceCall& call, const Tensors& tensors) {
-  Tensors host;
-  for (const auto& t : tensors) host.push_back(call.to_host(t));
-  return host;
-}
-
-// Host tensors the host operation fills, each copied back to its device tensor.
-Tensors outputs_of(DeviceCall& call, const Tensors& tensors, CopyBack& copy_back) {
-  Tensors host;
-  for (const auto& t : tensors) {
-    host.push_back(call.host_like(t));
-    copy_back.emplace_back(t, host.back());
-  }
-  return host;
-}
-
-TensorLists outputs_of(DeviceCall& call, const TensorLists& lists, CopyBack& copy_back) {
-  TensorLists host;
-  for (const auto& list : lists) host.push_back(outputs_of(call, list, copy_back));
-  return host;
-}
-
-// In-place collectives: `sources` copied out, the results copied back into
-// `tensors` (the same, or their premultiplied copies).
-Tensors in_out(DeviceCall& call, const Tensors& sources, const Tensors& tensors, CopyBack& copy_back) {
+// An in-place collective on `tensors` as one host operation, `host_call`:
+// `sources` (the tensors, or their premultiplied copies) copied out, the
+// results copied back into `tensors`.
+template <class HostCall>
+WorkPtr in_place(ProcessGroupDlop& pg, c10d::OpType type, DeviceCall& call, const Tensors& sources,
+                 const Tensors& tensors, HostCall&& host_call) {
+  CopyBack copy_back;
   Tensors host = to_host(call, sources);
   for (std::size_t i = 0; i < tensors.size(); ++i) copy_back.emplace_back(tensors[i], host[i]);
-  return host;
+  return one_step(pg, type, call, tensors, std::move(copy_back), [&] { return host_call(host); });
 }
 
 // No host code may read a staged input at call time: its copy may not have
@@ -56,14 +36,24 @@ c10d::ReduceOp summed(const c10d::ReduceOp& op) {
   return op == c10d::ReduceOp::PREMUL_SUM ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
 }
 
-Tensors premultiplied(DeviceCall& call, const Tensors& tensors, const c10d::ReduceOp& op) {
-  if (op != c10d::ReduceOp::PREMUL_SUM) return tensors;
+// The options of the host half of a reduction: it sums what the device premultiplied.
+template <class Options>
+Options host_options(const Options& opts) {
+  auto host = opts;
+  host.reduceOp = summed(opts.reduceOp);
+  return host;
+}
+
+at::Tensor premultiplied(DeviceCall& call, const at::Tensor& tensor, const c10d::ReduceOp& op) {
+  if (op != c10d::ReduceOp::PREMUL_SUM) return tensor;
   const c10::StreamGuard guard(call.streams().to_host);
+  auto out = tensor * *premul_factor(op, tensor);
+  call.buffers()->tensors.push_back(out);
+  return out;
+}
+Tensors premultiplied(DeviceCall& call, const Tensors& tensors, const c10d::ReduceOp& op) {
   Tensors out;
-  for (const auto& t : tensors) {
-    out.push_back(t * *premul_factor(op, t));
-    call.buffers()->tensors.push_back(out.back());
-  }
+  for (const auto& t : tensors) out.push_back(premultiplied(call, t, op));
   return out;
 }
 
@@ -97,19 +87,22 @@ void copy_out(DeviceCall& call, const Tensors& device, const Tensors& host) {
   }
 }
 
-// Runs `host_call` as one host operation once the inputs staged so far have
-// arrived: the engine waits for them, never the caller.
-template <class HostCall>
-WorkPtr one_step(ProcessGroupDlop& pg, c10d::OpType type, DeviceCall& call, Tensors outputs, CopyBack copy_back,
-                 HostCall&& host_call) {
-  WorkPtr host;
-  {
-    const DeviceScope scope(call.staged());
-    host = host_call();
-  }
-  auto work = c10::make_intrusive<WorkDevice>(pg.getRank(), type, call, std::move(outputs));
-  work->start({{std::move(host), std::move(copy_back)}});
-  return work;
+// Host copies of `tensors` one after another in one buffer, premultiplied on
+// the device first where `op` is a PREMUL_SUM.
+Tensors packed_copies(DeviceCall& call, const Tensors& tensors,
+                      const c10d::ReduceOp& op = c10d::ReduceOp(c10d::ReduceOp::SUM)) {
+  auto host = packed_like(call, tensors).parts;
+  copy_out(call, premultiplied(call, tensors, op), host);
+  return host;
+}
+
+// A reduction whose inputs are premultiplied on the device (a tensor or a
+// list, as `op` takes them) and summed on the host.
+template <class T, class Op>
+WorkPtr summed_on_host(ProcessGroupDlop& pg, c10::Device device, c10d::OpType type, const T& outputs,
+                       const T& inputs, const c10d::ReduceOp& reduce, Op&& op) {
+  DeviceCall call(device);
+  return staged_call(pg, call, type, outputs, to_host(call, premultiplied(call, inputs, reduce)), op);
 }
 
 // A tensor goes in at least kPipelineDepth chunks where they can be
@@ -166,16 +159,12 @@ WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, co
   }
   DeviceCall call(device);
   const auto sources = premultiplied(call, tensors, opts.reduceOp);
-  auto host_opts = opts;
-  host_opts.reduceOp = summed(opts.reduceOp);
+  const auto host_opts = host_options(opts);
+  const auto host_call = [&](Tensors& host) { return pg.allreduce(host, host_opts); };
   if (tensors.size() == 1 && chunkable(tensors[0])) {
-    return chunked(pg, c10d::OpType::ALLREDUCE, call, sources[0], tensors[0], true,
-                   [&](Tensors& host) { return pg.allreduce(host, host_opts); });
+    return chunked(pg, c10d::OpType::ALLREDUCE, call, sources[0], tensors[0], true, host_call);
   }
-  CopyBack copy_back;
-  auto host = in_out(call, sources, tensors, copy_back);
-  return one_step(pg, c10d::OpType::ALLREDUCE, call, tensors, std::move(copy_back),
-                  [&] { return pg.allreduce(host, host_opts); });
+  return in_place(pg, c10d::OpType::ALLREDUCE, call, sources, tensors, host_call);
 }
 
 // One all-reduce of the tensors copied out one after another.
@@ -202,44 +191,19 @@ WorkPtr allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& t
 WorkPtr broadcast(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::BroadcastOptions& opts) {
   DeviceCall call(device);
   const bool root = opts.rootRank == pg.getRank();
+  const auto host_call = [&](Tensors& host) { return pg.broadcast(host, opts); };
   if (tensors.size() == 1 && chunkable(tensors[0])) {
-    return chunked(pg, c10d::OpType::BROADCAST, call, tensors[0], tensors[0], root,
-                   [&](Tensors& host) { return pg.broadcast(host, opts); });
+    return chunked(pg, c10d::OpType::BROADCAST, call, tensors[0], tensors[0], root, host_call);
   }
-  CopyBack copy_back;
-  auto host = in_out(call, tensors, tensors, copy_back);
-  return one_step(pg, c10d::OpType::BROADCAST, call, tensors, std::move(copy_back),
-                  [&] { return pg.broadcast(host, opts); });
+  return in_place(pg, c10d::OpType::BROADCAST, call, tensors, tensors, host_call);
 }
 
 WorkPtr reduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::ReduceOptions& opts) {
   DeviceCall call(device);
   const auto sources = premultiplied(call, tensors, opts.reduceOp);
-  auto host_opts = opts;
-  host_opts.reduceOp = summed(opts.reduceOp);
-  CopyBack copy_back;
-  auto host = in_out(call, sources, tensors, copy_back);
-  return one_step(pg, c10d::OpType::REDUCE, call, tensors, std::move(copy_back),
-                  [&] { return pg.reduce(host, host_opts); });
-}
-WorkPtr allgather(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, Tensors& inputs,
-                  const c10d::AllgatherOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = to_host(call, inputs);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::ALLGATHER, call, flatten(outputs), std::move(copy_back),
-                  [&] { return pg.allgather(host_out, host_in, opts); });
-}
-
-WorkPtr allgather_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
-                       const c10d::AllgatherOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = call.to_host(input);
-  auto host_out = outputs_of(call, {output}, copy_back)[0];
-  return one_step(pg, c10d::OpType::_ALLGATHER_BASE, call, {output}, std::move(copy_back),
-                  [&] { return pg._allgather_base(host_out, host_in, opts); });
+  const auto host_opts = host_options(opts);
+  return in_place(pg, c10d::OpType::REDUCE, call, sources, tensors,
+                  [&](Tensors& host) { return pg.reduce(host, host_opts); });
 }
 
 // outputs[r][i] receives rank r's inputs[i]: the inputs are copied out into
@@ -272,123 +236,49 @@ WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorList
                   [&] { return pg._allgather_base(out.bytes, in.bytes, opts); });
 }
 
-WorkPtr allgather_into_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
-                                        const c10d::AllgatherOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = to_host(call, inputs);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::COALESCED, call, outputs, std::move(copy_back),
-                  [&] { return pg.allgather_into_tensor_coalesced(host_out, host_in, opts); });
-}
-
-WorkPtr gather(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, Tensors& inputs,
-               const c10d::GatherOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = to_host(call, inputs);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::GATHER, call, flatten(outputs), std::move(copy_back),
-                  [&] { return pg.gather(host_out, host_in, opts); });
-}
-
 WorkPtr scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
                 const c10d::ScatterOptions& opts) {
   DeviceCall call(device);
-  CopyBack copy_back;
   TensorLists host_in;
-  for (const auto& list : inputs) {
-    host_in.push_back(packed_like(call, list).parts);
-    copy_out(call, list, host_in.back());
-  }
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::SCATTER, call, outputs, std::move(copy_back),
-                  [&] { return pg.scatter(host_out, host_in, opts); });
+  for (const auto& list : inputs) host_in.push_back(packed_copies(call, list));
+  return staged_call(pg, call, c10d::OpType::SCATTER, outputs, std::move(host_in),
+                     [&](c10d::Backend& b, Tensors& out, TensorLists& in) { return b.scatter(out, in, opts); });
 }
 
 WorkPtr reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
                        const c10d::ReduceScatterOptions& opts) {
   DeviceCall call(device);
-  CopyBack copy_back;
   TensorLists host_in;
-  for (const auto& list : inputs) {
-    host_in.push_back(packed_like(call, list).parts);
-    copy_out(call, premultiplied(call, list, opts.reduceOp), host_in.back());
-  }
-  auto host_opts = opts;
-  host_opts.reduceOp = summed(opts.reduceOp);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::REDUCE_SCATTER, call, outputs, std::move(copy_back),
-                  [&] { return pg.reduce_scatter(host_out, host_in, host_opts); });
+  for (const auto& list : inputs) host_in.push_back(packed_copies(call, list, opts.reduceOp));
+  const auto host_opts = host_options(opts);
+  return staged_call(pg, call, c10d::OpType::REDUCE_SCATTER, outputs, std::move(host_in),
+                     [&](c10d::Backend& b, Tensors& out, TensorLists& in) { return b.reduce_scatter(out, in, host_opts); });
 }
 
 WorkPtr reduce_scatter_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
                             const c10d::ReduceScatterOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = call.to_host(premultiplied(call, {input}, opts.reduceOp)[0]);
-  auto host_opts = opts;
-  host_opts.reduceOp = summed(opts.reduceOp);
-  auto host_out = outputs_of(call, {output}, copy_back)[0];
-  return one_step(pg, c10d::OpType::_REDUCE_SCATTER_BASE, call, {output}, std::move(copy_back),
-                  [&] { return pg._reduce_scatter_base(host_out, host_in, host_opts); });
+  const auto host_opts = host_options(opts);
+  return summed_on_host(pg, device, c10d::OpType::_REDUCE_SCATTER_BASE, output, input, opts.reduceOp,
+                        [&](c10d::Backend& b, at::Tensor& out, at::Tensor& in) {
+                          return b._reduce_scatter_base(out, in, host_opts);
+                        });
 }
 
 WorkPtr reduce_scatter_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
                                         const c10d::ReduceScatterOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = to_host(call, premultiplied(call, inputs, opts.reduceOp));
-  auto host_opts = opts;
-  host_opts.reduceOp = summed(opts.reduceOp);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::COALESCED, call, outputs, std::move(copy_back),
-                  [&] { return pg.reduce_scatter_tensor_coalesced(host_out, host_in, host_opts); });
-}
-
-WorkPtr alltoall_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
-                      std::vector<int64_t>& output_split_sizes, std::vector<int64_t>& input_split_sizes,
-                      const c10d::AllToAllOptions& opts) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = call.to_host(input);
-  auto host_out = outputs_of(call, {output}, copy_back)[0];
-  return one_step(pg, c10d::OpType::ALLTOALL_BASE, call, {output}, std::move(copy_back), [&] {
-    return pg.alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts);
-  });
+  const auto host_opts = host_options(opts);
+  return summed_on_host(pg, device, c10d::OpType::COALESCED, outputs, inputs, opts.reduceOp,
+                        [&](c10d::Backend& b, Tensors& out, Tensors& in) {
+                          return b.reduce_scatter_tensor_coalesced(out, in, host_opts);
+                        });
 }
 
 WorkPtr alltoall(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
                  const c10d::AllToAllOptions& opts) {
   DeviceCall call(device);
-  CopyBack copy_back;
-  auto host_in = packed_like(call, inputs).parts;
-  copy_out(call, inputs, host_in);
-  auto host_out = outputs_of(call, outputs, copy_back);
-  return one_step(pg, c10d::OpType::ALLTOALL, call, outputs, std::move(copy_back),
-                  [&] { return pg.alltoall(host_out, host_in, opts); });
-}
-
-WorkPtr send(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, int dst_rank, int tag) {
-  DeviceCall call(device);
-  auto host = to_host(call, tensors);
-  return one_step(pg, c10d::OpType::SEND, call, {}, {}, [&] { return pg.send(host, dst_rank, tag); });
-}
-
-WorkPtr recv(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, int src_rank, int tag) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host = outputs_of(call, tensors, copy_back);
-  return one_step(pg, c10d::OpType::RECV, call, tensors, std::move(copy_back),
-                  [&] { return pg.recv(host, src_rank, tag); });
-}
-
-WorkPtr recv_anysource(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, int tag) {
-  DeviceCall call(device);
-  CopyBack copy_back;
-  auto host = outputs_of(call, tensors, copy_back);
-  return one_step(pg, c10d::OpType::RECVANYSOURCE, call, tensors, std::move(copy_back),
-                  [&] { return pg.recvAnysource(host, tag); });
+  auto host_in = packed_copies(call, inputs);
+  return staged_call(pg, call, c10d::OpType::ALLTOALL, outputs, std::move(host_in),
+                     [&](c10d::Backend& b, Tensors& out, Tensors& in) { return b.alltoall(out, in, opts); });
 }
 
 }  // namespace dlop::backend::on_device

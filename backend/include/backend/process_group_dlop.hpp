@@ -161,6 +161,23 @@ class ProcessGroupDlop : public c10d::Backend {
   std::optional<c10::Device> shared_device_in_use() const;
 
  private:
+  // Every call on tensors (collective.hpp): it finds the call's device
+  // (call_device), hands the call to the delegate where one serves that
+  // device, stages accelerator tensors through host memory, and otherwise
+  // runs `cpu`, dlop's own implementation. `op(backend, outputs, inputs)` is
+  // the call itself: the delegate gets it with the caller's tensors; the
+  // staging (on_device::staged_call, whose Work is of `type`) makes it on
+  // this group with host copies, unless the call brings `staged(device)`, a
+  // staging of its own.
+  template <class Out, class In, class Op, class Cpu>
+  c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const char* name, Out& outputs, In& inputs, Op&& op,
+                                            Cpu&& cpu);
+  template <class Out, class In, class Op, class Staged, class Cpu>
+  c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const char* name, Out& outputs, In& inputs, Op&& op,
+                                            Staged&& staged, Cpu&& cpu);
+  // dlop's send, recv and recvAnysource (`type`) of CPU tensors; `peer` -1: any source.
+  c10::intrusive_ptr<c10d::Work> point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors, int peer,
+                                                int tag);
   sched::OpOptions op_options(std::chrono::milliseconds timeout) const;
   // Wraps submitted handles into a Work that completes with `outputs` after
   // running `finish` (copies back from staging buffers) on completion. With
@@ -168,7 +185,6 @@ class ProcessGroupDlop : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<sched::Handle> handles,
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
                                            std::function<void()> finish = {}, bool caller_waits = false);
-  void check_root(int64_t root, const char* op) const;
   // The delegate's Work for a call on `device` (which may be null inside a
   // coalesced group), counted as gradient traffic; nullopt when dlop runs
   // the call itself.

@@ -70,8 +70,10 @@ void bind_backend(py::module_& m) {
       .def(
           "share_device_when_used",
           [](backend::ProcessGroupDlop& pg, py::function sharer) {
-            // Dropped with the GIL held, whichever thread lets go of it last.
+            // Dropped with the GIL held, whichever thread lets go of it last;
+            // left alone once the interpreter is gone (a group never destroyed).
             std::shared_ptr<py::function> held(new py::function(std::move(sharer)), [](py::function* f) {
+              if (!Py_IsInitialized()) return;
               py::gil_scoped_acquire gil;
               delete f;
             });
@@ -90,7 +92,12 @@ void bind_backend(py::module_& m) {
       .def_property_readonly(
           "shared_device",
           [](backend::ProcessGroupDlop& pg) -> py::object {
-            const auto device = pg.shared_device_in_use();
+            std::optional<c10::Device> device;
+            {
+              // Its lock may be held by a thread that waits for the GIL.
+              const py::gil_scoped_release released;
+              device = pg.shared_device_in_use();
+            }
             return device ? py::cast(device->str()) : py::none();
           },
           "the device whose memory the group's all-reduces reduce in, or None (staged or delegated)")

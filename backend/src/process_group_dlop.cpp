@@ -73,9 +73,11 @@ void ProcessGroupDlop::shutdown() {
   // until they finish or time out; the completion thread stops once the
   // last group lets go of it.
   {
-    std::lock_guard lock(sharing_mutex_);
-    sharer_ = {};
-    if (auto arena = std::exchange(shared_device_, {})) arena->release();
+    std::unique_lock lock(sharing_mutex_);
+    auto sharer = std::exchange(sharer_, {});
+    auto arena = std::exchange(shared_device_, {});
+    lock.unlock();
+    if (arena) arena->release();
   }
   faults_.reset();
   completions_.reset();
@@ -148,14 +150,38 @@ void ProcessGroupDlop::share_device_when_used(DeviceSharer sharer) {
 }
 
 std::shared_ptr<SharedDeviceArena> ProcessGroupDlop::shared_device(c10::Device device) {
-  std::lock_guard lock(sharing_mutex_);
-  if (auto sharer = std::exchange(sharer_, {})) {
-    auto answer = sharer(device);
+  std::unique_lock lock(sharing_mutex_);
+  sharing_done_.wait(lock, [&] { return !sharing_; });
+  if (sharer_) {
+    // Asked outside the lock: it takes the GIL and waits on the store, and a
+    // thread holding the GIL may want the lock meanwhile.
+    auto sharer = std::exchange(sharer_, {});
+    sharing_ = true;
+    lock.unlock();
+    std::variant<DeviceMemory, std::string> answer;
+    try {
+      answer = sharer(device);
+    } catch (...) {
+      // Asked again at the next call (DLOP_DEVICE_BACKEND=shared refuses every one).
+      lock.lock();
+      sharer_ = std::move(sharer);
+      sharing_ = false;
+      sharing_done_.notify_all();
+      throw;
+    }
+    sharer = {};
+    lock.lock();
+    sharing_ = false;
+    sharing_done_.notify_all();
     if (auto* memory = std::get_if<DeviceMemory>(&answer)) {
       DLOP_CHECK_ARG(static_cast<int>(memory->slabs.size()) == getSize(), "dlop: shared device memory of ",
                      memory->slabs.size(), " ranks for a group of ", getSize());
-      shared_device_ = std::make_shared<SharedDeviceArena>(memory->slabs.at(0).device(), getRank(),
-                                                           std::move(memory->slabs), memory->slot_bytes);
+      std::weak_ptr<sched::Communicator> comm = comm_;
+      shared_device_ = std::make_shared<SharedDeviceArena>(
+          memory->slabs.at(0).device(), getRank(), std::move(memory->slabs), memory->slot_bytes,
+          [comm](const std::string& why) {
+            if (auto c = comm.lock()) c->abort(why);
+          });
     }
   }
   if (!shared_device_ || shared_device_->device() != device) return nullptr;

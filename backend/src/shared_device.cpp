@@ -67,6 +67,9 @@ struct SharedDeviceArena::Chunk {
   std::optional<at::Tensor> factor;
   c10d::ReduceOp op;
   std::shared_ptr<c10::Event> after_caller;  // the caller's work queued before the call
+  int64_t total = 0;                         // elements of the whole call
+  int64_t index = 0;                         // this chunk's, in the call
+  at::Tensor result, caller;                 // last chunk of a non-contiguous call: copy result into caller
   std::shared_ptr<HostSignal> gate;
   bool copy_queued = false;
 };
@@ -91,11 +94,14 @@ bool served_dtype(at::ScalarType t, bool bitwise) {
   }
 }
 
-// What every rank must agree on for a chunk: its count, dtype and operation.
-at::Tensor agreement(int64_t count, const at::Tensor& t, const c10d::ReduceOp& op) {
+// What every rank must agree on for a chunk: its count, the call's total,
+// the chunk's index, the dtype and the operation; after a MAX all-reduce,
+// each pair (x, -x) holds the largest and minus the smallest any rank passed.
+constexpr int kAgreed = 5;
+at::Tensor agreement(int64_t count, int64_t total, int64_t index, const at::Tensor& t, const c10d::ReduceOp& op) {
   const auto dtype = static_cast<int64_t>(t.scalar_type());
   const auto kind = static_cast<int64_t>(op.op_);
-  return at::tensor({count, -count, dtype, -dtype, kind, -kind}, at::kLong);
+  return at::tensor({count, -count, total, -total, index, -index, dtype, -dtype, kind, -kind}, at::kLong);
 }
 
 // out = the views combined, in rank order.
@@ -141,8 +147,9 @@ void combine(at::Tensor out, const std::vector<at::Tensor>& views, const c10d::R
 }  // namespace
 
 SharedDeviceArena::SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs,
-                                     std::size_t slot_bytes)
-    : device_(device),
+                                     std::size_t slot_bytes, std::function<void(const std::string&)> abort_group)
+    : abort_group_(std::move(abort_group)),
+      device_(device),
       rank_(rank),
       slot_bytes_(slot_bytes),
       to_slot_(internal_streams(device).into_shared),
@@ -165,7 +172,7 @@ bool SharedDeviceArena::serves(const std::vector<at::Tensor>& tensors, const c10
   const auto& t = tensors[0];
   const bool floating = at::isFloatingType(t.scalar_type());
   const bool bitwise = op.op_ == R::BAND || op.op_ == R::BOR || op.op_ == R::BXOR;
-  if (!t.defined() || t.device() != device_ || !t.is_contiguous() || t.layout() != at::kStrided || t.numel() == 0 ||
+  if (!t.defined() || t.device() != device_ || t.layout() != at::kStrided || t.numel() == 0 ||
       !served_dtype(t.scalar_type(), bitwise) || static_cast<std::size_t>(t.element_size()) > slot_bytes_ ||
       op.op_ == R::UNUSED || (op.op_ == R::AVG && !floating)) {
     return false;
@@ -181,17 +188,29 @@ bool SharedDeviceArena::serving() const {
 
 c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg, at::Tensor& tensor,
                                                             const c10d::AllreduceOptions& opts) {
+  try {
+    return start_allreduce(pg, tensor, opts);
+  } catch (const std::exception& e) {
+    release(std::string("dlop allreduce in shared device memory failed: ") + e.what());
+    throw;
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> SharedDeviceArena::start_allreduce(ProcessGroupDlop& pg, at::Tensor& tensor,
+                                                                  const c10d::AllreduceOptions& opts) {
   const auto factor = premul_factor(opts.reduceOp, tensor);
   DeviceCall call(device_);
+  // Reduced in place, or in a contiguous copy (made on the caller's stream).
+  const auto whole = tensor.is_contiguous() ? tensor : tensor.contiguous();
   // The copies in follow the caller's queued work, whenever they are queued.
   auto after_caller = std::make_shared<c10::Event>(device_.type());
   after_caller->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
-  const auto flat = tensor.view(-1);
+  const auto flat = whole.view(-1);
   const int64_t total = flat.numel();
   const int64_t per_slot = static_cast<int64_t>(slot_bytes_) / tensor.element_size();
   auto self = shared_from_this();
   std::vector<WorkDevice::Step> steps;
-  for (int64_t offset = 0; offset < total; offset += per_slot) {
+  for (int64_t offset = 0, index = 0; offset < total; offset += per_slot, ++index) {
     const int64_t n = std::min(per_slot, total - offset);
     auto chunk = std::make_shared<Chunk>();
     chunk->source = flat.narrow(0, offset, n);
@@ -199,6 +218,12 @@ c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg
     chunk->factor = factor;
     chunk->op = opts.reduceOp;
     chunk->after_caller = after_caller;
+    chunk->total = total;
+    chunk->index = index;
+    if (offset + n == total && !whole.is_same(tensor)) {
+      chunk->result = whole;
+      chunk->caller = tensor;
+    }
     {
       std::lock_guard lock(mutex_);
       chunk->seq = next_seq_++;
@@ -210,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg
       chunks_[chunk->seq] = chunk;
       if (!released_ && barriers_done_ >= chunk->seq) copy_in(*chunk);
     }
-    auto agreed = agreement(n, tensor, opts.reduceOp);
+    auto agreed = agreement(n, total, index, tensor, opts.reduceOp);
     c10d::AllreduceOptions barrier;
     barrier.reduceOp = c10d::ReduceOp::MAX;
     barrier.timeout = opts.timeout;
@@ -222,15 +247,18 @@ c10::intrusive_ptr<c10d::Work> SharedDeviceArena::allreduce(ProcessGroupDlop& pg
     }
     WorkDevice::Step step{std::move(host), {}, {}};
     step.then = [self, seq = chunk->seq, agreed](std::exception_ptr error) {
-      if (error) {
-        self->release();
-        std::rethrow_exception(error);
+      try {
+        if (error) std::rethrow_exception(error);
+        self->barrier_done(seq, agreed);
+      } catch (const std::exception& e) {
+        self->release(e.what());
+        throw;
       }
-      self->barrier_done(seq, agreed);
     };
     steps.push_back(std::move(step));
   }
   call.buffers()->tensors.push_back(tensor);
+  call.buffers()->tensors.push_back(whole);
   auto work = c10::make_intrusive<WorkDevice>(pg.getRank(), c10d::OpType::ALLREDUCE, call, std::vector<at::Tensor>{tensor});
   work->start(std::move(steps));
   return work;
@@ -245,6 +273,7 @@ void SharedDeviceArena::copy_in(Chunk& chunk) {
                   .narrow(0, slot * static_cast<int64_t>(slot_bytes_), bytes)
                   .view(chunk.source.scalar_type());
   const c10::StreamGuard guard(to_slot_);
+  const at::AutoDispatchBelowADInplaceOrView data_only;  // a Parameter all-reduced: data, not a graph
   chunk.after_caller->block(to_slot_);
   if (chunk.factor) {
     at::mul_out(mine, chunk.source, *chunk.factor);
@@ -274,14 +303,14 @@ void SharedDeviceArena::barrier_done(std::uint64_t seq, const at::Tensor& agreed
   auto& chunk = *it->second;
   const auto* a = agreed.data_ptr<int64_t>();
   const auto count = chunk.source.numel();
-  if (a[0] != -a[1] || a[2] != -a[3] || a[4] != -a[5]) {
-    lock.unlock();
-    release();
-    DLOP_CHECK_ARG(false, "dlop allreduce: ranks passed different tensors (counts ", -a[1], " to ", a[0],
-                   " elements in one chunk, dtypes ", static_cast<c10::ScalarType>(-a[3]), " to ",
-                   static_cast<c10::ScalarType>(a[2]), ", ReduceOps ", -a[5], " to ", a[4], "; this rank: ", count,
-                   " ", chunk.source.scalar_type(), ")");
-  }
+  bool same = true;
+  for (int i = 0; i < kAgreed; ++i) same = same && a[2 * i] == -a[2 * i + 1];
+  // Thrown on every rank alike (they all see the same figures); the caller
+  // (`then`) then aborts the group.
+  DLOP_CHECK_ARG(same, "dlop allreduce: ranks passed different tensors (", -a[3], " to ", a[2],
+                 " elements; dtypes ", static_cast<c10::ScalarType>(-a[7]), " to ", static_cast<c10::ScalarType>(a[6]),
+                 ", ReduceOps ", -a[9], " to ", a[8], "; this rank: ", chunk.total, " ", chunk.source.scalar_type(),
+                 ")");
   const auto slot = static_cast<int64_t>(seq % 2);
   std::vector<at::Tensor> views;
   for (const auto& slab : slabs_) {
@@ -290,7 +319,9 @@ void SharedDeviceArena::barrier_done(std::uint64_t seq, const at::Tensor& agreed
   }
   {
     const c10::StreamGuard guard(to_caller_);
+    const at::AutoDispatchBelowADInplaceOrView data_only;
     combine(chunk.dest, views, chunk.op);
+    if (chunk.caller.defined()) chunk.caller.copy_(chunk.result);
     auto passed = std::make_shared<c10::Event>(device_.type());
     passed->record(to_caller_);
     when_passed(to_caller_, std::move(passed), [self = shared_from_this(), seq] { self->reduced(seq); });
@@ -312,8 +343,10 @@ void SharedDeviceArena::reduced(std::uint64_t seq) {
   if (gate) gate->arrive();
 }
 
-void SharedDeviceArena::release() {
+void SharedDeviceArena::release(const std::string& why) {
   std::vector<std::shared_ptr<HostSignal>> gates;
+  // First: the barriers still queued, opened below, then fail at once.
+  if (!why.empty() && abort_group_) abort_group_(why);
   {
     std::lock_guard lock(mutex_);
     if (released_) return;
@@ -332,8 +365,8 @@ void SharedDeviceArena::release() {
       when_passed(to_caller, std::move(reduces), [slabs] { slabs->clear(); });
     });
   }
-  // The barriers still queued run now, and fail or time out on the engine
-  // as any host collective would; none of them reduces any more.
+  // The barriers still queued start now: on an aborted group they fail at
+  // once (at shutdown, the group is going); none of them reduces any more.
   for (auto& gate : gates) gate->open();
 }
 

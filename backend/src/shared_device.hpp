@@ -5,8 +5,9 @@
 // handles once, through the store). An all-reduce goes in chunks of a slot:
 //   1. copy in: the caller's chunk into this rank's slot (premultiplied there
 //      for PREMUL_SUM), on a stream of its own, after the caller's work;
-//   2. a host barrier, a 6-number all-reduce on the engine that also checks
-//      that every rank passed the same count, dtype and operation; it starts
+//   2. a host barrier, a 10-number all-reduce on the engine that also checks
+//      that every rank passed the same total and chunk count, chunk index,
+//      dtype and operation (a mismatch aborts the group on every rank); it starts
 //      once the copy in has passed and this rank's previous reduce has (the
 //      stream's waiting thread says so; nothing polls);
 //   3. the reduce: every rank's slot, in rank order, into the caller's chunk,
@@ -16,11 +17,12 @@
 // chunk between, which no rank enters before its reduce of the slot has
 // passed: no rank overwrites what another is still reading.
 //
-// What this path does not serve (other operations, tensors that are not
-// contiguous, empty or of a dtype or operation it has no kernel for, or any
-// call after a failure) is staged as before (staged_ops.hpp). After a failure,
-// the arena lets go of every rank's memory once its own queued work is done:
-// a dead peer's memory stays mapped in no survivor.
+// What this path does not serve (other operations, empty tensors, dtypes or
+// operations it has no kernel for: the same answer on every rank for the same
+// call) is staged as before (staged_ops.hpp); a tensor that is not contiguous
+// is reduced in a contiguous copy. After a failure the group is aborted (every
+// later call fails at once), and the arena lets go of every rank's memory once
+// its own queued work is done: a dead peer's memory stays mapped in no survivor.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -29,6 +31,8 @@
 #include <c10/core/Stream.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,7 +47,10 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
  public:
   // slabs[r]: rank r's buffer (this rank's own, the others mapped), uint8,
   // each of 2 * slot_bytes, all on `device`.
-  SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs, std::size_t slot_bytes);
+  // abort_group: breaks the group's communicator (every later call fails at
+  // once): a failure here leaves barriers queued that no peer may match.
+  SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs, std::size_t slot_bytes,
+                    std::function<void(const std::string&)> abort_group);
 
   c10::Device device() const { return device_; }
   std::size_t slot_bytes() const { return slot_bytes_; }
@@ -54,14 +61,18 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
   // The all-reduce (serves() must have said yes).
   c10::intrusive_ptr<c10d::Work> allreduce(ProcessGroupDlop& pg, at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // Serves no more calls, and lets go of every rank's memory once what this
-  // rank queued on it has run (after a failure, and at shutdown).
-  void release();
+  // rank queued on it has run (at shutdown; after a failure, `why`, which
+  // also aborts the group, so that its queued barriers fail, not run).
+  void release(const std::string& why = {});
 
  private:
   struct Chunk;
+  c10::intrusive_ptr<c10d::Work> start_allreduce(ProcessGroupDlop& pg, at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   void copy_in(Chunk& chunk);  // with mutex_ held
   void copied_in(std::uint64_t seq);
   void barrier_done(std::uint64_t seq, const at::Tensor& agreed);
+  std::function<void(const std::string&)> abort_group_;
   void reduced(std::uint64_t seq);
 
   c10::Device device_;

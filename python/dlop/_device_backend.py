@@ -93,24 +93,30 @@ def _log(namespace: str, level: str, message: str) -> None:
 def _sharer(namespace: str, store, rank: int, size: int, required: bool):
     """What the group asks at its first all-reduce on a device: every rank's memory there, or why it stages."""
 
+    asked = [0]  # every rank asks at the same calls: the count keeps each round's keys apart
+
     def share(device_name: str):
         import torch
 
         from dlop import _shared_device
 
         device = torch.device(device_name)
-        devices = _devices_of_ranks(store, "dlop-shared-devices", rank, size, device.type, device.index)
+        asked[0] += 1
+        key = f"dlop-shared-device/{asked[0]}"
+        devices = _devices_of_ranks(store, f"{key}/devices", rank, size, device.type, device.index)
+        level = "info"  # ranks on devices of their own stage as designed; memory that cannot be shared is worth a warning
         if len(set(devices)) != 1:
             why = f"the ranks use different devices ({', '.join(sorted(set(devices)))})"
         else:
-            answer = _shared_device.exchange(store, rank, size, device)
+            level = "warn"
+            answer = _shared_device.exchange(store, key, rank, size, device)
             if not isinstance(answer, str):
                 _log(namespace, "info", f"ranks share {device}: all-reduces reduce in its memory, other calls are staged")
                 return answer
             why = answer
         if required:
             raise RuntimeError(f"{ENV}=shared: {why}")
-        _log(namespace, "info", f"calls on {device} are staged: {why}")
+        _log(namespace, level, f"calls on {device} are staged: {why}")
         return why
 
     return share

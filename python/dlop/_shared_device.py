@@ -31,7 +31,7 @@ def slot_bytes() -> int:
         value = 0
     if value < 1024:
         raise ValueError(f"{ENV}={raw!r}: expected a number of bytes, at least 1024")
-    return value
+    return value - value % 256  # every slot starts aligned for any dtype
 
 
 def _allocate(device, nbytes: int):
@@ -62,16 +62,14 @@ def _open(payload: bytes, device, nbytes: int):
     return tensor
 
 
-def exchange(store, rank: int, size: int, device) -> tuple[list, int] | str:
+def exchange(store, key: str, rank: int, size: int, device) -> tuple[list, int] | str:
     """(every rank's buffer, slot bytes), or why every rank stages instead.
 
-    Collective: every rank of the group calls it, and every rank gets the same
-    kind of answer. A group asks once (its first all-reduce on a device), so
-    the keys are fixed: ranks that see one device by different indices meet.
+    Collective: every rank of the group calls it, with the same `key` (under
+    which its store keys go), and every rank gets the same kind of answer.
     """
     slot = slot_bytes()
     nbytes = 2 * slot
-    key = "dlop-shared-device"
     mine = payload = None
     error = None
     try:

@@ -10,7 +10,8 @@ GPU's. What a user relies on:
   wait for the device on the caller's thread;
 * what the path does not serve (an empty tensor, a non-contiguous one, other
   collectives) is staged and still right, in the same program;
-* tensors of different sizes on different ranks raise a clear error, no hang;
+* tensors of different sizes on different ranks raise a clear error on every
+  rank, no hang, and the group fails its later calls at once;
 * a rank SIGKILLed inside a shared-device all-reduce: the others raise an
   error naming it within the group's timeout, and no survivor still maps any
   rank's device memory;
@@ -94,12 +95,14 @@ def rank_allreduce_cases(ctx, sizes: list[int]) -> dict:
         dtype = getattr(torch, dtype_name)
         for n in sizes:
             x = _values(ctx.rank, n, dtype, salt=n).to(device)
+            if dtype.is_floating_point and n > 1000:
+                x.requires_grad_()  # a Parameter's data, say: reduced as data
             reduce_op = dist._make_nccl_premul_sum(0.5) if op == "premul_sum" else ops[op]
             before = acc.host_waits()
             work = dist.all_reduce(x, op=reduce_op, async_op=True)
             waits += acc.host_waits() - before
             work.wait()
-            got = x.cpu()
+            got = x.detach().cpu()
             expected = _reference(op, [_values(r, n, dtype, salt=n) for r in range(ctx.world_size)], dtype)
             if not torch.equal(got, expected):
                 wrong.append(f"{dtype_name} {op} n={n}: {(got.double() - expected.double()).abs().max().item()}")
@@ -126,23 +129,40 @@ def test_allreduce_in_shared_device_memory_is_exact(cluster):
         assert r["waits"] == 0, f"rank {rank}: the caller waited for the device {r['waits']} times"
 
 
-def rank_mismatched_sizes(ctx) -> dict:
+def rank_mismatched_sizes(ctx, sizes: list[int]) -> dict:
+    import time
+
     import torch
     import torch.distributed as dist
 
-    x = torch.ones(10 + ctx.rank, device="dlop_test:0")
+    x = torch.ones(sizes[ctx.rank], device="dlop_test:0")
+    out = {}
     try:
         dist.all_reduce(x)
         x.cpu()
+        out["first"] = "no error"
     except Exception as e:  # noqa: BLE001
-        return {"type": type(e).__name__, "message": str(e)}
-    return {"type": None, "message": "no error"}
+        out["first"] = f"{type(e).__name__}: {e}"
+    # The group is broken from then on: the next call fails at once, on any path.
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(sizes[0], device="dlop_test:0"))
+        out["next"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["next"] = f"{type(e).__name__}: {e}"
+    out["next_s"] = time.monotonic() - t0
+    return out
 
 
-def test_tensors_of_different_sizes_raise_on_every_rank():
-    for rank, r in enumerate(run_ranks(rank_mismatched_sizes, 2, setup=Setup(pg_timeout_s=20, **_setup_args()))):
-        assert r["type"] is not None, f"rank {rank}: no error"
-        assert "different tensors" in r["message"] and "10 to 11" in r["message"], (rank, r)
+# 10 and 11 elements: one chunk each. 1500 and 1000 floats: two chunks against
+# one (slots of 4 KiB), whose first chunks have the same count.
+@pytest.mark.parametrize("sizes", [[10, 11], [1500, 1000]], ids=["one-chunk", "chunks"])
+def test_tensors_of_different_sizes_raise_on_every_rank_and_break_the_group(sizes):
+    setup = Setup(pg_timeout_s=20, **_setup_args())
+    for rank, r in enumerate(run_ranks(rank_mismatched_sizes, 2, sizes, setup=setup)):
+        low, high = sorted(sizes)
+        assert "different tensors" in r["first"] and f"{low} to {high} elements" in r["first"], (rank, r)
+        assert r["next"] != "no error" and r["next_s"] < 5, (rank, r)
 
 
 def _setup_args(**env) -> dict:

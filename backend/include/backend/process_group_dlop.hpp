@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <variant>
+#include <condition_variable>
 #include <mutex>
 #include <functional>
 #include <string>
@@ -217,6 +218,8 @@ class ProcessGroupDlop : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> delegate_;  // set once, before the first call
   std::string delegate_name_;
   mutable std::mutex sharing_mutex_;
+  std::condition_variable sharing_done_;
+  bool sharing_ = false;                              // sharing_mutex_: a caller is asking sharer_
   DeviceSharer sharer_;                               // sharing_mutex_: until asked
   std::shared_ptr<SharedDeviceArena> shared_device_;  // sharing_mutex_
   std::vector<c10::DeviceType> delegate_types_;

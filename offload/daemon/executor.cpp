@@ -18,7 +18,9 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Executor::Executor(std::size_t threads, DaemonStats& stats, std::function<void()> wake)
-    : stats_(stats), wake_(std::move(wake)), pool_(threads), thread_([this] { run(); }) {}
+    : stats_(stats), wake_(std::move(wake)), pool_(threads), thread_([this] { run(); }) {
+  stats_.busy.set_capacity(threads);
+}
 
 Executor::~Executor() {
   {
@@ -162,8 +164,12 @@ JobResult Executor::execute(Job job, Staging& staging) {
                            ? std::span<std::int64_t>(reinterpret_cast<std::int64_t*>(base + d.layout.lengths_offset), n)
                            : std::span<std::int64_t>()};
     const auto start = Clock::now();
-    BatchResult b = d.maker->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, out, &pool_);
+    BatchResult b = [&] {
+      const BusyMeter::Scope busy(stats_.busy, stats_.busy.capacity());  // a native batch holds the whole pool
+      return d.maker->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, out, &pool_);
+    }();
     stats_.batch.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
+    stats_.samples_made.fetch_add(b.count, std::memory_order_relaxed);
     const std::uint64_t tried = r.job.indices.size();
     stats_.read.add(tried, b.seconds.read, 0);
     stats_.decode.add(tried, b.seconds.decode, 0);

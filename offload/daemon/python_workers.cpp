@@ -302,6 +302,9 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     r.error = protocol::ErrorMsg{r.job.lease, code, message.substr(0, protocol::kMaxText)};
     stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
   };
+  // One worker of the connection's: its share of the pool (the capacity is
+  // the daemon's --threads, which is also each connection's worker count).
+  const BusyMeter::Scope busy(stats_.busy, 1);
   try {
     const int fd = w.fd.get();
     const auto start = Clock::now();
@@ -320,6 +323,7 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     Staging s = spare_->take(bytes, spare_);
     read_all(fd, s.data.get(), bytes);
     stats_.batch.add(1, Clock::now() - start, bytes);
+    stats_.samples_made.fetch_add(count, std::memory_order_relaxed);
     r.ready.count = count;
     r.ready.bytes = bytes;
     r.bytes = bytes;

@@ -1,13 +1,19 @@
 #include "server.hpp"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -27,6 +33,12 @@ Server::Server(ServerOptions options)
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof(one));
   });
+  if (options_.metrics_port) metrics_ = std::make_unique<MetricsServer>(options_.host, *options_.metrics_port, stats_);
+}
+
+std::optional<std::uint16_t> Server::metrics_port() const {
+  if (!metrics_) return std::nullopt;
+  return metrics_->port();
 }
 
 Server::~Server() {
@@ -51,7 +63,7 @@ std::size_t Server::open_leases() const {
 }
 
 void Server::send_frame(Conn& c, protocol::MsgType type, const protocol::Bytes& payload) {
-  if (c.closed) return;
+  if (c.closed || c.closing) return;
   const protocol::Bytes frame = c.writer.encode(type, payload);
   if (c.out.size() - c.out_sent + frame.size() > options_.max_output) {
     close_conn(c, "client does not read its replies (" + std::to_string(c.out.size() - c.out_sent) + " bytes queued)",
@@ -62,7 +74,7 @@ void Server::send_frame(Conn& c, protocol::MsgType type, const protocol::Bytes& 
   on_writable(c);  // most replies fit the socket buffer at once
 }
 
-void Server::run(int stop_fd) {
+Server::End Server::run(int signal_fd) {
   std::vector<pollfd> fds;
   std::vector<Conn*> polled;
   while (true) {
@@ -72,11 +84,27 @@ void Server::run(int stop_fd) {
     on_results();
     on_python_loads();
     check_deadlines();
+    if (draining_) close_drained();
     std::erase_if(conns_, [](const auto& kv) { return kv.second->closed; });
+    stats_.open_leases.store(open_leases(), std::memory_order_relaxed);
+    stats_.open_connections.store(conns_.size(), std::memory_order_relaxed);
+    if (draining_ && conns_.empty() && sends_in_flight_ == 0) {
+      log().log(drain_level_, "offloader: drained: {} batches sent since SIGTERM, {} leases refused; exiting",
+                stats_.batches_ready.load(std::memory_order_relaxed) - sent_before_drain_,
+                stats_.batches_refused.load(std::memory_order_relaxed));
+      return End::kDrained;
+    }
+    if (draining_ && Clock::now() >= drain_deadline_) {
+      dropped_ = held_leases();
+      log().error("offloader: the drain took longer than --drain-timeout ({} s): exiting with {} leases in flight "
+                  "dropped ({}); their trainers lease them again elsewhere",
+                  std::chrono::duration<double>(options_.drain_timeout).count(), dropped_, open_leases_text());
+      return End::kDrainCut;
+    }
 
     fds.clear();
     polled.clear();
-    fds.push_back({stop_fd, POLLIN, 0});
+    fds.push_back({signal_fd, POLLIN, 0});
     fds.push_back({wake_.get(), POLLIN, 0});
     fds.push_back({listener_.get(), POLLIN, 0});
     const bool armed = sender_->event_fd() < 0 || sender_->arm();
@@ -90,15 +118,127 @@ void Server::run(int stop_fd) {
     const int n = ::poll(fds.data(), fds.size(), armed ? net::poll_ms(next_deadline()) : 0);
     if (n < 0 && errno != EINTR) throw_errno("poll");
     if (n <= 0) continue;
-    if ((fds[0].revents & (POLLIN | POLLHUP)) != 0) return;
+    if ((fds[0].revents & (POLLIN | POLLHUP)) != 0) {
+      signalfd_siginfo si{};
+      bool drain = false;
+      while (::read(signal_fd, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+        // SIGTERM drains; SIGINT stops; any signal once draining stops now.
+        if (draining_ || drain) {
+          dropped_ = held_leases();
+          log().error("offloader: {} while draining: exiting now with {} leases in flight dropped ({}); their "
+                      "trainers lease them again elsewhere",
+                      si.ssi_signo == SIGTERM ? "another SIGTERM" : "SIGINT", dropped_, open_leases_text());
+          return End::kDrainCut;
+        }
+        if (si.ssi_signo != SIGTERM) return End::kStopped;
+        drain = true;
+      }
+      if (drain) {
+        begin_drain();
+        continue;  // the connections polled may have changed
+      }
+    }
     for (std::size_t i = 0; i < polled.size(); ++i) {
       const short ev = fds[i + 4].revents;
       Conn& c = *polled[i];
+      if (c.closing) {
+        if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0) discard_input(c);
+        continue;
+      }
       if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0) on_readable(c);
       if (!c.closed && (ev & POLLOUT) != 0) on_writable(c);
     }
-    if ((fds[2].revents & POLLIN) != 0) accept_all();
+    if (listener_ && (fds[2].revents & POLLIN) != 0) accept_all();
   }
+}
+
+void Server::begin_drain() {
+  draining_ = true;
+  stats_.draining.store(true, std::memory_order_relaxed);
+  drain_deadline_ = Clock::now() + options_.drain_timeout;
+  sent_before_drain_ = stats_.batches_ready.load(std::memory_order_relaxed);
+  listener_.reset();  // new connections are refused by the kernel
+  // Leases not begun yet go back now, to be made elsewhere at once.
+  std::size_t refused = 0, making = 0;
+  for (auto& [id, conn] : conns_) {
+    Conn& c = *conn;
+    if (c.closed) continue;
+    for (auto it = c.leases.begin(); it != c.leases.end();) {
+      const std::uint64_t lease = it->first;
+      const bool queued = it->second.state == LeaseState::kQueued &&
+                          (c.python ? c.python->cancel_queued(lease) : executor_->cancel_queued(c.id, lease));
+      if (!queued) {
+        ++making;
+        ++it;
+        continue;
+      }
+      it = c.leases.erase(it);
+      ++refused;
+      stats_.batches_refused.fetch_add(1, std::memory_order_relaxed);
+      reply(c, protocol::ErrorMsg{lease, protocol::ErrorCode::kBusy, kDrainingRefusal});
+    }
+  }
+  // A daemon with nothing to finish (a job that ended) says so quietly.
+  drain_level_ = making + refused > 0 ? spdlog::level::warn : spdlog::level::info;
+  log().log(drain_level_,
+            "offloader: SIGTERM: draining: {} leases being made or sent are finished, {} queued ones refused; no "
+            "new connection or lease is taken; exiting once nothing is in flight, or in {} s (--drain-timeout)",
+            making, refused, std::chrono::duration<double>(options_.drain_timeout).count());
+}
+
+void Server::close_drained() {
+  for (auto& [id, conn] : conns_) {
+    Conn& c = *conn;
+    if (c.closed) continue;
+    if (c.closing) {
+      // Every byte of ours, and our FIN, acknowledged: the answers are with
+      // the client, whatever it sends from now on.
+      int unacked = 0;
+      if (::ioctl(c.fd.get(), SIOCOUTQ, &unacked) != 0 || unacked == 0) close_conn(c, "drained", false);
+      continue;
+    }
+    if (!c.leases.empty() || c.out_sent < c.out.size()) continue;
+    // Nothing in flight, every answer handed to the kernel: shut our side.
+    // Closing at once could reset the connection (when a request is on its
+    // way) and lose the answers not yet acknowledged.
+    ::shutdown(c.fd.get(), SHUT_WR);
+    c.closing = true;
+    c.loading.reset();
+    log().info("offloader: connection {} from {}: drained, closing", c.id, c.peer);
+  }
+}
+
+void Server::discard_input(Conn& c) {
+  std::uint8_t buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
+    if (n > 0) continue;  // a request that came too late: its lease is reissued when the client sees the close
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    return close_conn(c, "drained", false);  // the client closed too
+  }
+}
+
+std::size_t Server::held_leases() const {
+  std::size_t n = 0;
+  for (const auto& [id, c] : conns_) n += c->closed ? 0 : c->leases.size();
+  return n;
+}
+
+std::string Server::open_leases_text() const {
+  std::string text;
+  for (const auto& [id, c] : conns_) {
+    if (c->closed || c->leases.empty()) continue;
+    if (!text.empty()) text += "; ";
+    text += fmt::format("connection {} from {}: lease", c->id, c->peer);
+    if (c->leases.size() > 1) text += "s";
+    bool first = true;
+    for (const auto& [lease, l] : c->leases) {
+      text += fmt::format("{} {}", first ? "" : ",", lease);
+      first = false;
+    }
+  }
+  return text.empty() ? "none" : text;
 }
 
 void Server::drain_wake_fd() {
@@ -230,7 +370,9 @@ Clock::time_point Server::next_deadline() const {
     if (!c->authenticated) deadline = std::min(deadline, c->accepted + options_.auth_timeout);
     if (c->partial_since != Clock::time_point{}) deadline = std::min(deadline, c->partial_since + options_.frame_timeout);
   }
-  // Wake now and then regardless: UCX's event fd is not a promise on every transport.
+  if (draining_) deadline = std::min(deadline, drain_deadline_);
+  // Wake now and then regardless: UCX's event fd is not a promise on every
+  // transport (and a draining connection's last bytes are acknowledged).
   return std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
 }
 

@@ -6,6 +6,12 @@
 // closes its own connection with a logged reason; a client that vanishes
 // loses its own leases; other clients are not disturbed. The daemon keeps no
 // state beyond its connections and their leases.
+//
+// SIGTERM drains it (spot reclaims, scale-downs): it stops listening, answers
+// new and queued leases with ERROR(kBusy) so that the trainers lease them
+// elsewhere at once, finishes and sends the batches it is making, closes each
+// connection once its last answer is out, and returns when none is left, or
+// when drain_timeout has passed.
 #pragma once
 
 #include <chrono>
@@ -16,7 +22,10 @@
 #include <optional>
 #include <string>
 
+#include <spdlog/common.h>
+
 #include "executor.hpp"
+#include "metrics.hpp"
 #include "python_workers.hpp"
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
@@ -26,6 +35,11 @@
 #include "ucx_sender.hpp"
 
 namespace dlop::offload::daemon {
+
+// ERROR(kBusy)'s text for a lease refused while draining: the trainer's
+// LeaseManager leases the batch to another daemon at once.
+inline constexpr const char* kDrainingRefusal =
+    "dlop-offloader is draining (SIGTERM): it takes no new lease; lease the batch elsewhere";
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -44,6 +58,10 @@ struct ServerOptions {
   // The interpreter for the generic Python path's workers; empty: the path is
   // refused (the token then grants running the client's code, as this user).
   std::string python;
+  // How long a drain (SIGTERM) may take before run() returns anyway.
+  std::chrono::milliseconds drain_timeout{20'000};
+  // Where the metrics endpoint listens, on `host` (0: any port); none: no endpoint.
+  std::optional<std::uint16_t> metrics_port;
 };
 
 class Server {
@@ -54,8 +72,18 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   std::uint16_t port() const { return port_; }
-  // Serves until `stop_fd` becomes readable.
-  void run(int stop_fd);
+  // The metrics endpoint's port, when there is one.
+  std::optional<std::uint16_t> metrics_port() const;
+
+  enum class End {
+    kStopped,   // SIGINT
+    kDrained,   // SIGTERM, then nothing was left in flight
+    kDrainCut,  // SIGTERM, then drain_timeout passed or another signal came, with leases open (logged)
+  };
+  // Serves until a signal arrives on `signal_fd` (a signalfd for SIGINT and SIGTERM).
+  End run(int signal_fd);
+  // After kDrainCut: the leases it left open.
+  std::size_t dropped() const { return dropped_; }
 
  private:
   enum class LeaseState { kQueued, kSending };  // queued or being made; being sent
@@ -84,6 +112,9 @@ class Server {
     protocol::Nonce direct_nonce{};  // sent in WELCOME; a same-host client shows it back from its memory
     std::uint32_t direct_pid = 0;    // nonzero: batches are written straight into this client process
     std::map<std::uint64_t, Lease> leases;
+    // Draining, with every answer out: our side is shut, and what comes in is
+    // dropped, until the peer closes or has acknowledged every byte.
+    bool closing = false;
     bool closed = false;
   };
 
@@ -101,6 +132,15 @@ class Server {
   }
   void drain_wake_fd();
   std::size_t open_leases() const;
+  // Draining: the first SIGTERM; then, on every pass of the loop, shuts the
+  // connections that have nothing in flight and closes those shut that are done.
+  void begin_drain();
+  void close_drained();
+  void discard_input(Conn& c);
+  // The leases of open connections (open_leases() counts also the sends of
+  // closed ones), and their list by connection, for the log.
+  std::size_t held_leases() const;
+  std::string open_leases_text() const;
 
   // session.cpp: what the frames mean.
   void on_frame(Conn& c, protocol::Frame frame);
@@ -131,9 +171,16 @@ class Server {
   std::map<std::uint64_t, std::unique_ptr<Conn>> conns_;
   std::uint64_t next_conn_ = 1;
   std::size_t sends_in_flight_ = 0;  // batches handed to UCX, whatever became of their connection
+  bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_{};
+  std::uint64_t sent_before_drain_ = 0;  // batches_ready when the drain began
+  std::size_t dropped_ = 0;
+  spdlog::level::level_enum drain_level_ = spdlog::level::info;  // of the drain's log lines
   // Sources open for some connection, shared so that several connections on
   // one dataset scan it once; dropped with the last user.
   std::map<std::string, std::weak_ptr<const Source>> sources_;
+  // After stats_, so that it stops before them.
+  std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace dlop::offload::daemon

@@ -93,6 +93,7 @@ std::shared_ptr<const Source> Server::open_source_cached(const std::string& path
 }
 
 void Server::on_configure(Conn& c, const protocol::Configure& m) {
+  if (draining_) return reply(c, protocol::ErrorMsg{0, ErrorCode::kBusy, kDrainingRefusal});
   if (c.dataset || c.loading) {
     return reply(c, protocol::ErrorMsg{0, ErrorCode::kBadRequest, "already configured: open a new connection"});
   }
@@ -187,6 +188,10 @@ void Server::on_produce(Conn& c, protocol::Produce m) {
   if (c.leases.contains(m.lease)) {
     // Two answers for one lease id would be ambiguous: a client bug.
     throw_error(Errc::kProtocol, "PRODUCE for lease " + std::to_string(m.lease) + ", which is still open");
+  }
+  if (draining_) {
+    stats_.batches_refused.fetch_add(1, std::memory_order_relaxed);
+    return reply(c, protocol::ErrorMsg{m.lease, ErrorCode::kBusy, kDrainingRefusal});
   }
   const auto refuse = [&](ErrorCode code, const std::string& why) {
     stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);

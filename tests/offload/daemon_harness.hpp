@@ -39,9 +39,12 @@ inline constexpr const char* kToken = "0123456789abcdef-test-token";
 // A daemon on 127.0.0.1 with a fresh token file; killed with the object.
 class DaemonProcess {
  public:
-  // `prefix` runs the daemon through another command (e.g. `ip netns exec NS`).
+  // `prefix` runs the daemon through another command (e.g. `ip netns exec NS`);
+  // `cwd`, when given, is its working directory (a relative source path is
+  // found there); `stderr_path`, when given, receives its log.
   explicit DaemonProcess(int threads = 2, std::vector<std::string> extra = {}, std::vector<std::string> env = {},
-                         const std::string& listen = "127.0.0.1:0", std::vector<std::string> prefix = {}) {
+                         const std::string& listen = "127.0.0.1:0", std::vector<std::string> prefix = {},
+                         const std::filesystem::path& cwd = {}, const std::filesystem::path& stderr_path = {}) {
     token_file_ = dir_.path() / "token";
     {
       std::ofstream(token_file_) << kToken << "\n";
@@ -58,6 +61,11 @@ class DaemonProcess {
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(out[1], STDOUT_FILENO);
+      if (!stderr_path.empty()) {
+        const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (err < 0 || ::dup2(err, STDERR_FILENO) < 0) ::_exit(126);
+      }
+      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
       for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -81,6 +89,10 @@ class DaemonProcess {
       throw std::runtime_error("dlop-offloader did not start: '" + line + "'");
     }
     port_ = static_cast<std::uint16_t>(std::stoi(line.substr(colon + 1)));
+    // "dlop-offloader (metrics on HOST:M) listening on HOST:PORT" with --metrics-port.
+    if (const auto m = line.find("(metrics on "); m != std::string::npos) {
+      metrics_port_ = static_cast<std::uint16_t>(std::stoi(line.substr(line.find(':', m) + 1)));
+    }
   }
   ~DaemonProcess() {
     if (pid_ > 0 && running()) {
@@ -92,6 +104,7 @@ class DaemonProcess {
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
   std::uint16_t port() const { return port_; }
+  std::uint16_t metrics_port() const { return metrics_port_; }  // 0: no --metrics-port
   pid_t pid() const { return pid_; }
   bool running() {
     if (exited_) return false;
@@ -123,6 +136,7 @@ class DaemonProcess {
   pid_t pid_ = -1;
   bool exited_ = false;
   std::uint16_t port_ = 0;
+  std::uint16_t metrics_port_ = 0;
 };
 
 // A plain blocking TCP connection to a daemon, for writing whatever bytes a
@@ -157,6 +171,7 @@ class RawConn {
     ::close(fd_);
     fd_ = -1;
   }
+  int fd() const { return fd_; }
   // Reads until a whole frame is decoded; nullopt on EOF or timeout.
   std::optional<protocol::Frame> read_frame(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

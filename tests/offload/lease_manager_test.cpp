@@ -170,6 +170,8 @@ TEST_F(LeaseManagerTest, SigkilledDaemonsAndNewOnesStillGiveEveryBatchOnce) {
   std::uint64_t reissued = 0;
   for (int round = 0; round < 3; ++round) {
     std::vector<std::unique_ptr<DaemonProcess>> daemons;
+    std::set<DaemonProcess*> doomed;
+    std::vector<std::thread> killers;
     LeaseManager m(options());
     for (int i = 0; i < 3; ++i) {
       daemons.push_back(std::make_unique<DaemonProcess>(1));
@@ -178,22 +180,30 @@ TEST_F(LeaseManagerTest, SigkilledDaemonsAndNewOnesStillGiveEveryBatchOnce) {
     m.set_epoch(5);
     const auto seen = drain(m, 5, [&](std::uint64_t) {
       if (rng() % 2 == 0) return;
-      // Kill a random daemon (maybe mid-batch), then maybe start a new one.
-      auto& victim = daemons[rng() % daemons.size()];
-      if (victim->running()) {
-        victim->kill(SIGKILL);
-        victim->wait_exit(10s);
+      // Kill a random daemon, then maybe start a new one. It is stopped
+      // first and killed a little later, so that it dies holding leases (the
+      // answers a daemon sent before it died count: killed idle, it would
+      // test nothing).
+      DaemonProcess* victim = daemons[rng() % daemons.size()].get();
+      if (victim->running() && doomed.insert(victim).second) {
+        victim->kill(SIGSTOP);
+        killers.emplace_back([victim] {
+          std::this_thread::sleep_for(100ms);
+          victim->kill(SIGKILL);
+        });
       }
       if (rng() % 3 != 0) {
         daemons.push_back(std::make_unique<DaemonProcess>(1));
         m.add_daemon("127.0.0.1", daemons.back()->port());
       }
-      const bool any = std::any_of(daemons.begin(), daemons.end(), [](auto& p) { return p->running(); });
+      const bool any = std::any_of(daemons.begin(), daemons.end(),
+                                   [&](auto& p) { return p->running() && !doomed.contains(p.get()); });
       if (!any) {
         daemons.push_back(std::make_unique<DaemonProcess>(1));
         m.add_daemon("127.0.0.1", daemons.back()->port());
       }
     });
+    for (auto& k : killers) k.join();
     EXPECT_EQ(sorted(seen), sorted(all_samples(5))) << "round " << round;
     EXPECT_GE(m.leases_issued(), m.batch_count());
     reissued += m.leases_reissued();

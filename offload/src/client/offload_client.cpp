@@ -214,16 +214,22 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
   if (!direct()) progress_worker();
   if (n <= 0 || fds[0].revents == 0) return frames;
   std::uint8_t buf[64 * 1024];
+  // How the connection ended, if it did: the frames that came before the end
+  // still count (a draining daemon closes right after its last answers).
+  std::optional<std::pair<Errc, std::string>> ended;
   while (true) {
     const ssize_t got = ::recv(socket_->fd.get(), buf, sizeof(buf), 0);
     if (got == 0) {
-      if (authenticating_) fail(Errc::kInvalidArgument, "the daemon closed the connection after HELLO: it refused the token");
-      fail(Errc::kPeerDead, "the daemon closed the connection (it died or stopped)");
+      ended = authenticating_
+                  ? std::pair(Errc::kInvalidArgument, "the daemon closed the connection after HELLO: it refused the token")
+                  : std::pair(Errc::kPeerDead, "the daemon closed the connection (it died or stopped)");
+      break;
     }
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      fail(Errc::kPeerDead, std::string("connection lost: ") + std::strerror(errno));
+      ended = std::pair(Errc::kPeerDead, std::string("connection lost: ") + std::strerror(errno));
+      break;
     }
     decoder_.feed(std::span(buf, static_cast<std::size_t>(got)));
   }
@@ -239,6 +245,16 @@ std::vector<protocol::Frame> OffloadClient::pump(std::chrono::milliseconds timeo
   } catch (const Error& e) {
     if (failure_) throw;
     fail(Errc::kProtocol, e.what());
+  }
+  if (ended) {
+    // Leases answered before the end complete; the others are lost. The
+    // failure is thrown once the completions were taken (wait()).
+    collect();
+    try {
+      fail(ended->first, ended->second);
+    } catch (const Error&) {
+      if (ready_.empty()) throw;
+    }
   }
   return frames;
 }

@@ -53,6 +53,11 @@ void trace_lease(std::uint64_t id, std::uint64_t position, const std::string& da
 struct Daemon {
   std::unique_ptr<OffloadClient> client;
   bool dead = false;
+  // Its last answer refused a lease as busy (its lease limit, or draining
+  // before it exits): it gets no new lease while it holds others, whose
+  // answers come next; without this, a daemon that makes one batch at a time
+  // would be handed the refused batch straight back, one round trip each.
+  bool paused = false;
   std::uint64_t completed = 0;
 };
 
@@ -182,7 +187,7 @@ struct LeaseManager::Impl {
     std::optional<std::size_t> best;
     for (std::size_t i = 0; i < daemons.size(); ++i) {
       const auto& d = daemons[i];
-      if (d.dead || d.client->in_flight() >= opt.per_daemon) continue;
+      if (d.dead || (d.paused && d.client->in_flight() > 0) || d.client->in_flight() >= opt.per_daemon) continue;
       if (!best || d.client->in_flight() < daemons[*best].client->in_flight()) best = i;
     }
     return best;
@@ -245,6 +250,7 @@ struct LeaseManager::Impl {
     const Lease l = it->second;
     leases.erase(it);
     if (c.status == Completion::Status::kReady) ++daemons[d].completed;
+    daemons[d].paused = c.status == Completion::Status::kFailed && c.error_code == protocol::ErrorCode::kBusy;
     Position* p = l.generation == generation ? &positions[l.position] : nullptr;
     const bool open = p != nullptr && (p->state == PosState::kLeased || p->state == PosState::kPending);
     if (trace::enabled()) {

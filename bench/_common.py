@@ -121,3 +121,20 @@ def stop_processes(procs: list) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def end_run(control) -> int:
+    """Every rank waits for the others on `control` (a CPU group), then leaves: the benchmark's exit status."""
+    import torch.distributed as dist
+
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return 0
+
+
+def launched_by_torchrun(name: str) -> bool:
+    """False, having said how to launch `name` (bench.NAME), when it was not started by torchrun."""
+    if "RANK" in os.environ:
+        return True
+    print(f"{name}: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m {name}", file=sys.stderr)
+    return False

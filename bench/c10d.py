@@ -220,8 +220,7 @@ def main(argv=None) -> int:
     # torch 2.13 calls all_gather_into_tensor / reduce_scatter_tensor deprecated (for *_single); we keep the
     # names every torch >= 2.0 has, and the rows carry them.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
-    if "RANK" not in os.environ:
-        print("bench.c10d: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m bench.c10d", file=sys.stderr)
+    if not _common.launched_by_torchrun("bench.c10d"):
         return 2
     if args.device != "cpu":
         if args.device.startswith("dlop_test"):
@@ -280,9 +279,7 @@ def main(argv=None) -> int:
         print_footer(all_rows, list(groups))
         if args.json:
             _common.write_json(args.json, header, all_rows)
-    dist.barrier(group=control)
-    dist.destroy_process_group()
-    return 0
+    return _common.end_run(control)
 
 
 if __name__ == "__main__":

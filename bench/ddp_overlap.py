@@ -226,9 +226,7 @@ def late_start_ms(spans: list[dict]) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "RANK" not in os.environ:
-        print("bench.ddp_overlap: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m bench.ddp_overlap",
-              file=sys.stderr)
+    if not _common.launched_by_torchrun("bench.ddp_overlap"):
         return 2
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
@@ -271,9 +269,7 @@ def main(argv=None) -> int:
             print(f"# {name}: absent ({why})")
         if args.json:
             _common.write_json(args.json, header, rows)
-    dist.barrier(group=control)
-    dist.destroy_process_group()
-    return 0
+    return _common.end_run(control)
 
 
 if __name__ == "__main__":

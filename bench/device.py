@@ -173,9 +173,7 @@ def delegation_rows(args, control) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "RANK" not in os.environ:
-        print("bench.device: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m bench.device",
-              file=sys.stderr)
+    if not _common.launched_by_torchrun("bench.device"):
         return 2
     dist.init_process_group(backend="dlop")
     rank = dist.get_rank()
@@ -206,9 +204,7 @@ def main(argv=None) -> int:
                   f"(+{r['added_us']:.2f} us); dlop itself {r['dlop_us']:.2f} us")
         if args.json:
             _common.write_json(args.json, header, rows)
-    dist.barrier(group=control)
-    dist.destroy_process_group()
-    return 0
+    return _common.end_run(control)
 
 
 if __name__ == "__main__":

@@ -104,3 +104,32 @@ def offloader() -> str:
         if c and os.access(c, os.X_OK):
             return c
     pytest.skip("dlop-offloader is not built (make build, or set DLOP_OFFLOADER)")
+
+
+class Daemon:
+    """A dlop-offloader on a free loopback port, one compute thread; `address` once it listens."""
+
+    def __init__(self, token_file: Path, *extra: str, stderr=None, env: dict[str, str] | None = None) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1", *extra],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+        )
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
+        self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+    def kill(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def token_file_with(path: Path, token: str) -> Path:
+    """A token file the daemons accept (owner-only)."""
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path

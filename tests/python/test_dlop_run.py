@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import offloader, wait_for
+from processes import Daemon, wait_for
 from torchrun_jobs import alive, kill_leftovers
 
 pytestmark = pytest.mark.long_file(seconds=150)  # handed out first (conftest.py)
@@ -117,29 +117,18 @@ def token_file(tmp_path):
     return f
 
 
-class Daemon:
-    """A real dlop-offloader; its log (stderr) goes to a file the test reads."""
-
-    def __init__(self, token_file: Path, log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen([offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file),
-                                      "--threads", "1"], stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
-                                     env={**os.environ, "DLOP_LOG_LEVEL": "info"})
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
-        self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+def logged_daemon(token_file: Path, log: Path) -> Daemon:
+    """A real dlop-offloader whose log (stderr, at info) goes to a file the test reads."""
+    daemon = Daemon(token_file, stderr=log.open("w"), env={**os.environ, "DLOP_LOG_LEVEL": "info"})
+    daemon.log = log
+    return daemon
 
 
 @pytest.fixture()
 def daemon(token_file, tmp_path):
-    d = Daemon(token_file, tmp_path / "daemon.log")
+    d = logged_daemon(token_file, tmp_path / "daemon.log")
     yield d
-    d.stop()
+    d.kill()
 
 
 def _env(**extra: str) -> dict[str, str]:

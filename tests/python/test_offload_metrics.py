@@ -7,18 +7,15 @@ from __future__ import annotations
 import gc
 import math
 import re
-import signal
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 import warnings
-from pathlib import Path
 
 import pytest
 
-from processes import offloader
+from processes import Daemon, token_file_with
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -33,22 +30,6 @@ SPEC = {"ops": [{"op": "random_resized_crop", "size": 32}, {"op": "hflip", "p": 
 BATCH = 4  # 18 samples: 5 batches an epoch
 
 
-class Daemon:
-    def __init__(self, exe: str, token_file: Path) -> None:
-        self.proc = subprocess.Popen(
-            [exe, "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1"],
-            stdout=subprocess.PIPE, text=True,
-        )
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
-        self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("data") / "train"
@@ -58,11 +39,8 @@ def dataset(tmp_path_factory) -> str:
 
 @pytest.fixture()
 def daemons(tmp_path):
-    exe = offloader()
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    ds = [Daemon(exe, token_file), Daemon(exe, token_file)]
+    token_file = token_file_with(tmp_path / "token", TOKEN)
+    ds = [Daemon(token_file), Daemon(token_file)]
     yield ds
     for d in ds:
         d.kill()

@@ -6,7 +6,6 @@ resumes mid-epoch, and bad input fails with a message naming it."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from processes import offloader
+from processes import Daemon
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -95,22 +94,9 @@ class Unpicklable(Mixed):
         self.lock = threading.Lock()
 
 
-class Daemon:
-    def __init__(self, token_file: Path, *extra: str, python: str = sys.executable) -> None:
-        # The workers need an interpreter that imports dlop: this one.
-        self.proc = subprocess.Popen(
-            [offloader(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", "1",
-             "--python", python, *extra],
-            stdout=subprocess.PIPE, text=True,
-        )
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
-        self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+def python_daemon(token_file: Path, *extra: str, python: str = sys.executable) -> Daemon:
+    """A dlop-offloader whose Python workers run `python` (this interpreter imports dlop)."""
+    return Daemon(token_file, "--python", python, *extra)
 
 
 @pytest.fixture()
@@ -123,7 +109,7 @@ def token_file(tmp_path) -> Path:
 
 @pytest.fixture()
 def daemons(token_file):
-    ds = [Daemon(token_file), Daemon(token_file)]
+    ds = [python_daemon(token_file), python_daemon(token_file)]
     yield ds
     for d in ds:
         d.kill()
@@ -190,7 +176,7 @@ def test_epoch_equals_the_local_fallback_and_holds_every_sample_once(daemons):
 
 def test_the_daemon_serves_other_clients_while_a_python_dataset_loads(token_file, tmp_path):
     """Loading a job (torch imported, the dataset unpickled) takes seconds; the daemon's event loop goes on."""
-    d = Daemon(token_file)
+    d = python_daemon(token_file)
     gate, loading = tmp_path / "gate", tmp_path / "loading"
     made: dict = {}
 
@@ -273,7 +259,7 @@ def test_an_unpicklable_dataset_is_refused_before_any_work():
 
 
 def test_a_daemon_without_python_is_refused_with_the_reason(token_file):
-    d = Daemon(token_file, "--no-python")
+    d = python_daemon(token_file, "--no-python")
     try:
         with pytest.warns(RuntimeWarning, match="runs no Python"):
             loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
@@ -283,7 +269,7 @@ def test_a_daemon_without_python_is_refused_with_the_reason(token_file):
 
 
 def test_a_daemon_whose_python_cannot_start_workers_says_so(token_file):
-    d = Daemon(token_file, python="/bin/false")
+    d = python_daemon(token_file, python="/bin/false")
     try:
         with pytest.warns(RuntimeWarning, match="did not start.*is dlop importable by that Python"):
             loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)

@@ -25,18 +25,10 @@ namespace {
 using namespace dlop::offload;
 
 py::dict cursor_dict(const Cursor& c) {
-  py::dict d;
-  d["epoch"] = c.epoch;
-  d["position"] = c.position;
-  d["seed"] = c.seed;
-  d["dataset_size"] = c.dataset_size;
-  d["batch_size"] = c.batch_size;
-  d["rank"] = c.rank;
-  d["world"] = c.world;
-  d["shuffle"] = c.shuffle;
-  d["drop_last"] = c.drop_last;
-  d["shards"] = c.shards;
-  return d;
+  using namespace pybind11::literals;
+  return py::dict("epoch"_a = c.epoch, "position"_a = c.position, "seed"_a = c.seed,
+                  "dataset_size"_a = c.dataset_size, "batch_size"_a = c.batch_size, "rank"_a = c.rank,
+                  "world"_a = c.world, "shuffle"_a = c.shuffle, "drop_last"_a = c.drop_last, "shards"_a = c.shards);
 }
 
 Cursor dict_cursor(const py::dict& d) {

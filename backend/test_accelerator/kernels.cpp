@@ -127,6 +127,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 
 }  // namespace
 
+// What a dlop_test tensor is: its memory and views.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty);
   m.impl("empty_strided", empty_strided);
@@ -137,6 +138,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_storage);
   m.impl("set_.source_Storage_storage_offset", set_storage_offset);
   m.impl("set_.source_Tensor", set_tensor);
+}
+
+// Copies between a dlop_test device and the host, and the convolutions.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from_kernel);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("record_stream", record_stream);

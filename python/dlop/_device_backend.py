@@ -1,17 +1,18 @@
-"""How accelerator tensors travel (DLOP_DEVICE_BACKEND), decided when a group is made.
+"""How accelerator tensors travel (DLOP_DEVICE_BACKEND), read when a group is made.
 
-``auto`` (the default) compares the device each rank of the group uses now
-(its current device, by UUID where torch reports one):
-  - each rank on a device of its own, and the accelerator has a native
-    backend (NCCL on CUDA, XCCL on XPU): dlop hands that backend the calls
-    on the device's tensors;
-  - every rank on one and the same device (which NCCL refuses): all-reduces
-    reduce in that device's memory (python/dlop/_shared_device.py); the
-    other calls, and every call where the memory cannot be shared, are staged;
+``auto`` (the default) compares the devices the ranks of the group use (by
+UUID where torch reports one):
+  - each rank on a device of its own (its current one when the group is
+    made), and the accelerator has a native backend (NCCL on CUDA, XCCL on
+    XPU): dlop hands that backend the calls on the device's tensors;
+  - every rank on one and the same device (which NCCL refuses), compared at
+    the group's first all-reduce on a device: all-reduces reduce in that
+    device's memory (python/dlop/_shared_device.py); the other calls, and
+    every call where the memory cannot be shared, are staged;
   - otherwise dlop stages them through pinned host memory.
 The choice is logged at info level (DLOP_LOG_LEVEL=info). ``staged``: always
-stage. ``shared``: reduce in the shared device's memory, and refuse a group
-whose ranks do not share one device. Any other value names the backend to
+stage. ``shared``: reduce in the shared device's memory, and refuse every
+all-reduce on a device the ranks do not share. Any other value names the backend to
 delegate to, for the device types it serves (``gloo``: CPU tensors, a test
 setting); accelerator tensors it does not serve are then refused.
 

@@ -8,7 +8,6 @@ import contextlib
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -97,15 +96,7 @@ class Daemons:
         return [p.pid for p in self.procs] + [c for p in self.procs for c in descendants(p.pid)]
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _common.stop_processes(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

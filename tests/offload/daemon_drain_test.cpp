@@ -183,15 +183,7 @@ class DaemonDrainTest : public ::testing::Test {
   // The batch as the pipeline makes it here: images then labels.
   static std::vector<std::byte> local_batch(const std::filesystem::path& folder,
                                             const std::vector<std::uint64_t>& indices, std::uint64_t epoch) {
-    const ImageFolder source(folder.string());
-    const Pipeline p = Pipeline::from_json(kSpec);
-    const std::size_t sample = 3 * 24 * 24 * 4;
-    std::vector<std::byte> images(indices.size() * sample);
-    std::vector<std::int64_t> labels(indices.size());
-    p.run_batch(source, indices, kSeed, epoch, images, labels);
-    images.resize(images.size() + labels.size() * 8);
-    std::memcpy(images.data() + indices.size() * sample, labels.data(), labels.size() * 8);
-    return images;
+    return test::local_batch(folder.string(), kSpec, kSeed, 24, indices, epoch);
   }
 
   test::TempDir dir_;

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -23,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "media/pipeline.hpp"
+#include "media/source.hpp"
 #include "media/test_data.hpp"
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
@@ -35,6 +38,23 @@
 namespace dlop::offload::test {
 
 inline constexpr const char* kToken = "0123456789abcdef-test-token";
+
+// The reference a daemon's image batch is checked against: the same batch
+// made by the pipeline in this process, images (float32, 3 x side x side)
+// then labels (int64), as the daemon sends them.
+inline std::vector<std::byte> local_batch(const std::string& folder, const char* spec, std::uint64_t seed,
+                                          std::size_t side, const std::vector<std::uint64_t>& indices,
+                                          std::uint64_t epoch) {
+  const ImageFolder source(folder);
+  const Pipeline p = Pipeline::from_json(spec);
+  const std::size_t sample = 3 * side * side * 4;
+  std::vector<std::byte> images(indices.size() * sample);
+  std::vector<std::int64_t> labels(indices.size());
+  p.run_batch(source, indices, seed, epoch, images, labels);
+  images.resize(images.size() + labels.size() * 8);
+  std::memcpy(images.data() + indices.size() * sample, labels.data(), labels.size() * 8);
+  return images;
+}
 
 // A daemon on 127.0.0.1 with a fresh token file; killed with the object.
 class DaemonProcess {

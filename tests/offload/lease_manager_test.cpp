@@ -60,15 +60,7 @@ class LeaseManagerTest : public ::testing::Test {
 
   // The reference: the plan's batches run by the pipeline in this process.
   Bytes local_batch(const std::vector<std::uint64_t>& indices, std::uint64_t epoch) const {
-    const ImageFolder source(folder());
-    const Pipeline p = Pipeline::from_json(kSpec);
-    const std::size_t sample = 3 * 24 * 24 * 4;
-    std::vector<std::byte> images(indices.size() * sample);
-    std::vector<std::int64_t> labels(indices.size());
-    p.run_batch(source, indices, kSeed, epoch, images, labels);
-    images.resize(images.size() + labels.size() * 8);
-    std::memcpy(images.data() + indices.size() * sample, labels.data(), labels.size() * 8);
-    return images;
+    return test::local_batch(folder(), kSpec, kSeed, 24, indices, epoch);
   }
 
   Bytes received(const Batch& b, const BatchLayout& l) const {

@@ -133,3 +133,20 @@ def token_file_with(path: Path, token: str) -> Path:
     path.write_text(token + "\n")
     path.chmod(0o600)
     return path
+
+
+def small_image_dataset(out: Path) -> str:
+    """A class-folder dataset of 3 classes x 6 JPEGs (dlop make-dataset, seed 3) at `out`."""
+    from dlop.data.make_dataset import main as make_dataset
+
+    assert make_dataset([str(out), "--classes", "3", "--per-class", "6", "--seed", "3"]) == 0
+    return str(out)
+
+
+def two_daemons(tmp_path: Path, token: str):
+    """Yields two offloaders sharing one token; kills them after (a pytest fixture's body)."""
+    token_file = token_file_with(tmp_path / "token", token)
+    ds = [Daemon(token_file), Daemon(token_file)]
+    yield ds
+    for d in ds:
+        d.kill()

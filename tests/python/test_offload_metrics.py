@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from processes import Daemon, token_file_with
+from processes import small_image_dataset, two_daemons
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -23,7 +23,6 @@ if not hasattr(offload, "LeaseManager"):
     pytest.skip("dlop._C was built without the lease manager; rebuild it", allow_module_level=True)
 
 from dlop.data import OffloadLoader, metrics  # noqa: E402
-from dlop.data.make_dataset import main as make_dataset  # noqa: E402
 
 TOKEN = "offload-metrics-test-token-0123456789"
 SPEC = {"ops": [{"op": "random_resized_crop", "size": 32}, {"op": "hflip", "p": 0.5}]}
@@ -32,18 +31,12 @@ BATCH = 4  # 18 samples: 5 batches an epoch
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("data") / "train"
-    assert make_dataset([str(out), "--classes", "3", "--per-class", "6", "--seed", "3"]) == 0
-    return str(out)
+    return small_image_dataset(tmp_path_factory.mktemp("data") / "train")
 
 
 @pytest.fixture()
 def daemons(tmp_path):
-    token_file = token_file_with(tmp_path / "token", TOKEN)
-    ds = [Daemon(token_file), Daemon(token_file)]
-    yield ds
-    for d in ds:
-        d.kill()
+    yield from two_daemons(tmp_path, TOKEN)
 
 
 @pytest.fixture()

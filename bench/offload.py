@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from bench import _common
-from bench.offload_common import (Daemons, descendants, offloader_path, parse_cpus, print_rows, proc_peak_mib,
+from bench.offload_common import (Daemons, descendants, finish, offloader_path, parse_cpus, proc_peak_mib,
                                   timed_passes)
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -210,12 +210,7 @@ def main(argv=None) -> int:
         if not any(r["pipeline"] == "native" and r.get("offloaders") == 1 for r in rows):
             rows.insert(-1, {"pipeline": "native", "workers": args.workers, "offloaders": 1,
                              **run_offloaded(args, data, batches, 1, args.workers, False)})
-    print_rows(rows)
-    print_ratios(rows)
-    if args.json:
-        _common.write_json(args.json, header, rows)
-        print(f"# written to {args.json}")
-    return 0
+    return finish(args.json, header, rows, print_ratios)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,13 @@ def print_rows(rows: list[dict]) -> None:
         print(_LINE.format(r["pipeline"], r["workers"], r.get("offloaders", "-"), f"{r['samples_per_s']:.1f}",
                            f"{r['cpu_s_per_sample'] * 1e3:.2f} ms", f"{r['trainer_cpu_s_per_sample'] * 1e3:.3f} ms",
                            f"{r['peak_rss_mib']:.0f}", f"{per_core:.0f}/s"))
+
+
+def finish(json_path: str | None, header: dict, rows: list[dict], print_ratios) -> int:
+    """Prints the table and the benchmark's ratios, writes the JSON if asked: the exit status."""
+    print_rows(rows)
+    print_ratios(rows)
+    if json_path:
+        _common.write_json(json_path, header, rows)
+        print(f"# written to {json_path}")
+    return 0

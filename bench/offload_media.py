@@ -56,7 +56,7 @@ import warnings
 from pathlib import Path
 
 from bench import _common
-from bench.offload_common import (Daemons, descendants, offloader_path, parse_cpus, print_rows, proc_peak_mib,
+from bench.offload_common import (Daemons, descendants, finish, offloader_path, parse_cpus, proc_peak_mib,
                                   timed_passes)
 
 VIDEO_PIPELINES = ("native", "native_fast", "torchcodec", "pyav", "decode_floor")
@@ -601,12 +601,7 @@ def main(argv=None) -> int:
                 filters = torch.from_numpy(_C.offload.audio.mel_filter_bank(json.dumps(spec)))
             row.update(run_dataloader(args, SoundfileFeatures(files, filters), pad_collate, batches, unit))
         rows.append(row)
-    print_rows(rows)
-    print_ratios(rows)
-    if args.json:
-        _common.write_json(args.json, header, rows)
-        print(f"# written to {args.json}")
-    return 0
+    return finish(args.json, header, rows, print_ratios)
 
 
 if __name__ == "__main__":

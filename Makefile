@@ -138,7 +138,7 @@ PYTEST_ARGS ?= -n $(JOBS) --dist loadfile --durations=30
 test-python: build
 	@if [ -d tests/python ]; then \
 	  echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python && \
-	  echo "$(PYTEST) -m alone tests/python"; $(PYTEST) -m alone tests/python; \
+	  { echo "$(PYTEST) -m alone tests/python"; $(PYTEST) -m alone tests/python; }; \
 	else echo "test-python: no tests/python, nothing to run"; fi
 
 # The benchmark lab (bench/, python -m bench.NAME) at tiny sizes: its harnesses run end to end and write what

@@ -82,6 +82,23 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def run_command(command: list[str], env: dict[str, str]) -> int:
+    """Runs the training command as this process's child, forwarding SIGINT, SIGTERM and SIGHUP to it;
+    its exit status (128+N when signal N killed it, as a shell reports it)."""
+    parent = os.getpid()
+    # The command goes with `dlop run` too, should that be SIGKILLed: its offloaders are gone then.
+    child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    return code if code >= 0 else 128 - code
+
+
 def _started_at(pid: int) -> str | None:
     """The start time of process pid (field 22 of /proc/<pid>/stat), None when it is gone or a zombie."""
     try:
@@ -106,6 +123,46 @@ def remove_stale_folders() -> list[Path]:
     return removed
 
 
+def token_folder() -> tuple[Path, Path]:
+    """(a private folder, the fresh token file in it), for daemons of this process."""
+    remove_stale_folders()
+    # Named after this process (pid and start time), so that the next `dlop run` knows when it is stale.
+    me = os.getpid()
+    folder = Path(tempfile.mkdtemp(prefix=f"dlop-run-{me}-{_started_at(me)}-"))  # mode 0700
+    token_file = folder / "token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(24) + "\n")
+    return folder, token_file
+
+
+def start_daemon(token_file: Path, threads: int = 1) -> subprocess.Popen:
+    """A dlop-offloader on 127.0.0.1, in a process group of its own, that goes when this process does
+    (:func:`daemon_address` reads where it listens)."""
+    parent = os.getpid()
+    return subprocess.Popen(
+        [daemon_path(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", str(threads)],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, process_group=0,
+        preexec_fn=lambda: die_with_parent(parent))
+
+
+def daemon_address(proc: subprocess.Popen, timeout: float) -> str:
+    """The "127.0.0.1:PORT" a daemon of :func:`start_daemon` listens on, once it says so."""
+    timer = threading.Timer(timeout, proc.kill)  # readline has no timeout of its own
+    timer.start()
+    try:
+        line = proc.stdout.readline()
+    finally:
+        timer.cancel()
+    if "listening on" not in line:
+        code = proc.wait()
+        raise SystemExit(f"dlop run: a local dlop-offloader did not start (exit status {code}; "
+                         f"its error is above, or it took over {timeout:g} s)")
+    # Anything more it prints goes on to ours; a full pipe must never stall it.
+    threading.Thread(target=shutil.copyfileobj, args=(proc.stdout, sys.stdout), daemon=True).start()
+    return "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+
+
 class LocalOffloaders:
     """`count` dlop-offloader daemons on 127.0.0.1 with a fresh shared token.
 
@@ -114,46 +171,17 @@ class LocalOffloaders:
     def __init__(self, count: int, threads: int = 1, start_timeout: float = 30.0) -> None:
         if count < 1:
             raise SystemExit(f"dlop run: --local-offloaders {count}: at least 1")
-        remove_stale_folders()
-        # Named after this process (pid and start time), so that the next `dlop run` knows when it is stale.
-        me = os.getpid()
-        self.folder = Path(tempfile.mkdtemp(prefix=f"dlop-run-{me}-{_started_at(me)}-"))  # mode 0700
-        self.token_file = self.folder / "token"
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(24) + "\n")
+        self.folder, self.token_file = token_folder()
         self.procs: list[subprocess.Popen] = []
         self.addresses: list[str] = []
         try:
-            exe = daemon_path()
-            parent = os.getpid()
             for _ in range(count):
-                proc = subprocess.Popen(
-                    [exe, "--listen", "127.0.0.1:0", "--token-file", str(self.token_file), "--threads", str(threads)],
-                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, process_group=0,
-                    preexec_fn=lambda: die_with_parent(parent))
-                self.procs.append(proc)
+                self.procs.append(start_daemon(self.token_file, threads))
             for proc in self.procs:  # they start in parallel; each prints its address first
-                self.addresses.append(self._address(proc, start_timeout))
+                self.addresses.append(daemon_address(proc, start_timeout))
         except BaseException:
             self.stop()
             raise
-
-    @staticmethod
-    def _address(proc: subprocess.Popen, timeout: float) -> str:
-        timer = threading.Timer(timeout, proc.kill)  # readline has no timeout of its own
-        timer.start()
-        try:
-            line = proc.stdout.readline()
-        finally:
-            timer.cancel()
-        if "listening on" not in line:
-            code = proc.wait()
-            raise SystemExit(f"dlop run: a local dlop-offloader did not start (exit status {code}; "
-                             f"its error is above, or it took over {timeout:g} s)")
-        # Anything more it prints goes on to ours; a full pipe must never stall it.
-        threading.Thread(target=shutil.copyfileobj, args=(proc.stdout, sys.stdout), daemon=True).start()
-        return "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
 
     def describe(self) -> str:
         daemons = ", ".join(f"{a} (pid {p.pid})" for a, p in zip(self.addresses, self.procs))

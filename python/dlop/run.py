@@ -4,6 +4,7 @@
     dlop run --offloaders HOST:PORT[,...] [--token-file F] -- python train.py ARGS...
     dlop run --offloaders-dns NAME:PORT[,...] [--token-file F] -- python train.py ARGS...
     dlop run --discover [--token-file F] -- torchrun --nproc-per-node 2 train.py ARGS...
+    dlop run --offloaders auto [--scaler local|slurm|kubernetes] [--min N --max N ...] -- python train.py ARGS...
     srun --het-group=0 dlop run -- python train.py ARGS...   # in a SLURM het job: no flags
 
 In a SLURM heterogeneous job whose het group 1 runs `dlop offloader`, and
@@ -25,6 +26,19 @@ its child (forwarding SIGINT, SIGTERM and SIGHUP to it), stops the daemons
 when it exits and exits with its status; see dlop.local_offloaders for how
 they also go when `dlop run` is killed. Otherwise the command replaces this
 process (exec: signals and the exit status are the command's).
+
+``--offloaders auto`` sizes the fleet from the trainers' data stall
+(dlop.scaling): `dlop run` hosts a c10d store for the fleet, every rank
+publishes its loader's figures there, and a controller in `dlop run` decides
+the fleet's size every --window seconds (dlop.data.autoscale's policy, its
+options --min, --max, --stall-target, --busy-threshold, --headroom,
+--hysteresis, --cooldown-steps) and has the scaler carry it out: ``local``
+starts and stops daemons on this host within --cores (default: the cores the
+command's ranks leave spare), ``slurm`` submits offloader jobs with sbatch
+(--sbatch-args) and cancels them with scancel, ``kubernetes`` scales
+--deployment NAMESPACE/NAME. New offloaders join through the store (local,
+slurm) or --offloaders-dns (kubernetes). The default scaler is slurm inside a
+SLURM job, kubernetes inside a pod, local elsewhere.
 
 dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
 PYTHONPATH, so every Python the command starts, torchrun's ranks included,
@@ -57,6 +71,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SITE_DIR = Path(__file__).resolve().parent / "_run_site"
 
@@ -71,12 +86,14 @@ def _check_address(text: str, what: str) -> str:
     return text
 
 
-def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str], int | None]:
-    """(command, its environment, how many local offloaders to start or None) for `dlop run ARGV`.
+def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str], Any]:
+    """(command, its environment, how many local offloaders to start, or with --offloaders auto
+    a dlop.scaling.launch.Plan, or None) for `dlop run ARGV`.
 
-    With local offloaders the environment lacks DLOP_RUN_OFFLOADERS and the
-    token, which :func:`main` adds once the daemons listen."""
+    With local offloaders or a plan the environment lacks DLOP_RUN_OFFLOADERS
+    and the token, which :func:`main` adds once the daemons listen."""
     from dlop import _slurm
+    from dlop.data import autoscale
     from dlop.fleet import split_host_port
 
     own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -86,7 +103,8 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
                                 description="Run a training command with its DataLoaders offloaded to dlop-offloader "
                                             "daemons (those of a SLURM het job's group 1, or started on this host, "
                                             "unless named).")
-    p.add_argument("--offloaders", default="", help="comma-separated HOST:PORT of dlop-offloader daemons")
+    p.add_argument("--offloaders", default="", help="comma-separated HOST:PORT of dlop-offloader daemons, or auto: "
+                                                    "a fleet sized from the trainers' data stall")
     p.add_argument("--offloaders-dns", default="", metavar="NAME:PORT[,...]",
                    help="every address behind each name (A and AAAA records), e.g. a Kubernetes headless Service")
     p.add_argument("--discover", action="store_true", help="also use the offloaders announced in the job's c10d store")
@@ -97,10 +115,25 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     p.add_argument("--local-offloaders", type=int, metavar="N",
                    help="start N dlop-offloader daemons on this host for the command's lifetime (the default "
                         "without offloaders named or a SLURM het job: one per core the command's ranks leave spare)")
+    scaling = p.add_argument_group("--offloaders auto")
+    scaling.add_argument("--scaler", choices=("local", "slurm", "kubernetes"),
+                         help="who starts and stops offloaders (default: slurm in a SLURM job, kubernetes in a pod, "
+                              "local elsewhere)")
+    scaling.add_argument("--window", type=float, default=2.0, help="seconds between decisions (default 2)")
+    scaling.add_argument("--cores", type=int, help="local: cores the offloaders may use (default: those the "
+                                                    "command's ranks leave spare)")
+    scaling.add_argument("--sbatch-args", default="", help="slurm: arguments for each offloader job's sbatch, e.g. "
+                                                           "\"--partition cpu --cpus-per-task 8\"")
+    scaling.add_argument("--deployment", help="kubernetes: the offloaders' Deployment, NAMESPACE/NAME")
+    scaling.add_argument("--advertise", help="the host the trainers and offloaders reach the fleet's store at "
+                                             "(default: 127.0.0.1, or this host's name for slurm)")
+    autoscale.add_arguments(scaling)
     args = p.parse_args(own)
     if not command:
         p.error("no command: put it after --, e.g. dlop run -- python train.py")
-    addresses = [_check_address(a.strip(), "offloader address") for a in args.offloaders.split(",") if a.strip()]
+    auto = args.offloaders.strip() == "auto"
+    addresses = [] if auto else [_check_address(a.strip(), "offloader address")
+                                 for a in args.offloaders.split(",") if a.strip()]
     names = [a.strip() for a in args.offloaders_dns.split(",") if a.strip()]
     for name in names:
         try:
@@ -112,9 +145,16 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     if args.wait is not None and args.wait < 0:
         p.error(f"--wait {args.wait:g}: not negative")
     env = dict(base)
-    for name in ("DLOP_RUN_DISCOVER", "DLOP_RUN_STORE", "DLOP_RUN_DNS", "DLOP_RUN_WAIT"):
+    for name in ("DLOP_RUN_DISCOVER", "DLOP_RUN_STORE", "DLOP_RUN_DNS", "DLOP_RUN_WAIT", "DLOP_RUN_AUTOSCALE",
+                 "DLOP_RUN_DISCOVER_WAIT"):
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
+    if auto:
+        from dlop.scaling import launch
+
+        if "SLURM_STEP_ID" in env:
+            env.update(_slurm.torch_env(env))
+        return command, env, launch.plan(p, args, env)
     try:
         if "SLURM_STEP_ID" in env:  # under srun: torchrun's variables, as dlop.init() maps them
             env.update(_slurm.torch_env(env))
@@ -166,33 +206,26 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
 
 
 def _run_with_local_offloaders(command: list[str], env: dict[str, str], count: int) -> int:
-    from dlop.local_offloaders import LocalOffloaders, die_with_parent
+    from dlop.local_offloaders import LocalOffloaders, run_command
 
     with LocalOffloaders(count) as daemons:
         print(daemons.describe(), file=sys.stderr, flush=True)
         env = {k: v for k, v in env.items() if k != "DLOP_OFFLOAD_TOKEN"}
         env["DLOP_RUN_OFFLOADERS"] = ",".join(daemons.addresses)
         env["DLOP_OFFLOAD_TOKEN_FILE"] = str(daemons.token_file)
-        parent = os.getpid()
-        # The command goes with `dlop run` too, should that be SIGKILLed: its offloaders are gone then.
-        child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
-
-        def forward(signum, _frame):
-            if child.poll() is None:
-                child.send_signal(signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, forward)
-        code = child.wait()
-    return code if code >= 0 else 128 - code  # killed by signal N: status 128+N, as a shell reports it
+        return run_command(command, env)
 
 
 def main(argv: list[str] | None = None) -> int:
     command, env, local = environment(sys.argv[1:] if argv is None else argv, dict(os.environ))
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise SystemExit(f"dlop run: command not found: {command[0]}")
-    if local is not None:
+    if isinstance(local, int):
         return _run_with_local_offloaders(command, env, local)
+    if local is not None:
+        from dlop.scaling import launch
+
+        return launch.run(command, env, local)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], command, env)

@@ -7,8 +7,11 @@ or the loader's own when it cannot be offloaded (one warning naming why).
 The offloaders come from the settings the launcher (dlop.run) left in the
 environment: DLOP_RUN_OFFLOADERS, the names in DLOP_RUN_DNS (dlop.fleet),
 DLOP_RUN_WAIT, and the job's c10d store with DLOP_RUN_DISCOVER
-(dlop.data.discovery). Offloaders that answer or are announced later join
-the running loaders between batches.
+(dlop.data.discovery; DLOP_RUN_DISCOVER_WAIT: seconds to wait for the first
+announcement). Offloaders that answer or are announced later join the
+running loaders between batches. With DLOP_RUN_AUTOSCALE (the fleet's store,
+``dlop run --offloaders auto``) each process publishes the figures of its
+busiest offloaded loader there (dlop.scaling.figures).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ _watchers: list = []  # the discovery and fleet watchers of this process, stoppe
 _fleet_watched = False  # a fleet watcher has started (one per process: every loader shares its joins)
 _counts = {"offloaded": 0, "local": 0}  # batches yielded, by who made them
 _summary_registered = False
+_offloaded: list = []
+_publishing = False  # this process's offloaded loaders (_Offloaded), for the autoscaling figures
 
 
 def _token() -> str | None:
@@ -122,6 +127,9 @@ class _Offloaded:
         self.used = set(used)
         self.seen = 0  # how much of _joined this loader has looked at
         self.iterations = 0
+        _offloaded.append(self)
+        if os.environ.get("DLOP_RUN_AUTOSCALE"):
+            _start_publishing()
 
     def _add_joined(self) -> None:
         # On the consumer's thread, between batches: the lease manager is driven by one thread.
@@ -162,6 +170,47 @@ class _Offloaded:
             if _watchers:
                 self._add_joined()
             yield batch
+
+
+def _busiest_stats():
+    """The figures of this process's offloaded loader that handed out the most batches (the
+    training loader, whatever else the script iterates now and then)."""
+    stats = [o.off.stats() for o in list(_offloaded)]
+    stats = [s for s in stats if s.steps > 0]
+    return max(stats, key=lambda s: s.steps) if stats else None
+
+
+def _start_publishing() -> None:
+    """One publisher per process, on a connection of its own to the fleet's store."""
+    global _publishing
+    if _publishing:
+        return
+    _publishing = True
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    from dlop.scaling.figures import Publisher
+
+    where = os.environ["DLOP_RUN_AUTOSCALE"]
+    host, _, port = where.rpartition(":")
+    try:
+        store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=30))
+    except Exception as e:  # the training goes on; the fleet keeps its size
+        print(f"dlop run: the fleet's store at {where} did not answer ({e}); this rank's figures are not published",
+              file=sys.stderr, flush=True)
+        return
+    rank, world = _rank_world()
+    _watchers.append(Publisher(store, rank, world, _busiest_stats))
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _accelerator_to_pin_for():
@@ -218,6 +267,18 @@ def _why_not(loader) -> str | None:
     return None
 
 
+def _announced(store) -> list[str]:
+    """The offloaders announced in the store, waiting up to DLOP_RUN_DISCOVER_WAIT seconds for the first."""
+    import time
+
+    from dlop.data import discovery
+
+    deadline = time.monotonic() + float(os.environ.get("DLOP_RUN_DISCOVER_WAIT") or 0)
+    while not (found := discovery.discover(store)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 def _prepare(loader):
     from dlop.data import discovery
     from dlop.data.wrap import offload
@@ -234,7 +295,7 @@ def _prepare(loader):
         store, reason = _discovery_store()
         if store is not None:
             try:
-                addresses += [a for a in discovery.discover(store) if a not in addresses]
+                addresses += [a for a in _announced(store) if a not in addresses]
             except Exception as e:
                 reason = f"reading the offloaders from the store failed ({e})"
             if reason is None and not addresses:

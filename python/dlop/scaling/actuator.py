@@ -29,6 +29,11 @@ class Actuator(abc.ABC):
     def floor(self) -> int:
         """Offloaders the actuator did not start and never stops (a SLURM het job's fixed group)."""
 
+    @property
+    def capacity(self) -> int | None:
+        """The most offloaders it can have (the cores a host leaves), None: no limit it knows."""
+        return None
+
     @abc.abstractmethod
     def size(self) -> int:
         """Offloaders asked for and not stopped: running, starting or pending, the floor included."""

@@ -89,13 +89,13 @@ class LocalActuator(Actuator):
         have = len(self.daemons)
         if target > have:
             started = self._start(target - have)
-            return f"started {len(started)} daemon(s): {', '.join(d.address for d in started)}"
+            return f"started {len(started)} daemon(s): {', '.join(f'{d.address} (pid {d.proc.pid})' for d in started)}"
         if target < have:
             gone = self.daemons[target:]
             del self.daemons[target:]
             for d in reversed(gone):  # the newest first
                 self._drain(d)
-            return f"draining {len(gone)} daemon(s): {', '.join(d.address for d in gone)}"
+            return f"draining {len(gone)} daemon(s): {', '.join(f'{d.address} (pid {d.proc.pid})' for d in gone)}"
         return "no change"
 
     def check(self) -> list[str]:

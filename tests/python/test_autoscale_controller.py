@@ -130,3 +130,30 @@ def test_bad_autoscaling_options_are_named(args, message, capsys):
     with pytest.raises(SystemExit):
         environment(["--offloaders", "auto", *args, "--", "python", "train.py"], env)
     assert message in capsys.readouterr().err
+
+
+def test_three_ranks_publish_over_tcp_and_the_controller_reads_each_ranks_latest():
+    master = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    clients = [torch.distributed.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False)
+               for _ in range(3)]
+    assert figures.read(master) == {}  # nobody has published: nothing, and no wait
+    latest = {r: _stats(r, 5 + r, 0.1, 0.01 * r, {"10.0.0.1:7000": 5 + r}, busy=0.5) for r in range(3)}
+    publishers = [figures.Publisher(clients[r], r, 3, lambda r=r: latest[r], interval=0.02) for r in range(3)]
+    try:
+        wait_for(lambda: figures.read(master) == latest, 20, "every rank's figures")
+        latest[1] = _stats(1, 50, 0.1, 0.0, {"10.0.0.1:7000": 50})
+        wait_for(lambda: figures.read(master)[1] == latest[1], 20, "rank 1's newer figures")
+    finally:
+        for p in publishers:
+            p.stop()
+
+
+def test_malformed_figures_in_the_store_are_named():
+    store = torch.distributed.HashStore()
+    store.set(figures.WORLD, "1")
+    store.set(figures.figures_key(0), "{not json")
+    with pytest.raises(ValueError, match="rank 0's figures under dlop/autoscale/figures/0 .* are malformed"):
+        figures.read(store)
+    store.set(figures.figures_key(0), '{"rank": 0}')
+    with pytest.raises(ValueError, match="are malformed .*missing"):
+        figures.read(store)

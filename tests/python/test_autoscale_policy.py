@@ -10,13 +10,11 @@ target (offloaders join a window or two after a grow)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import random
-import threading
 
 import pytest
 
-from dlop.data.autoscale import (JobWindow, RankWindow, Settings, State, StoreExchange, add_arguments,
+from dlop.data.autoscale import (JobWindow, RankWindow, Settings, State, add_arguments,
                                  aggregate, decide, estimate, from_arguments)
 
 ADDRESSES = [f"offloader{k}:7001" for k in range(12)]
@@ -296,52 +294,3 @@ def test_settings_from_the_command_line():
 
 
 # --- the exchange over a c10d store ----------------------------------------------------------------------
-
-def _stores(kind):
-    dist = pytest.importorskip("torch.distributed")
-    if kind == "hash":
-        store = dist.HashStore()
-        return [store] * 3
-    master = dist.TCPStore("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=20), wait_for_workers=False)
-    return [master] + [dist.TCPStore("127.0.0.1", master.port, 3, False, timeout=datetime.timedelta(seconds=20))
-                       for _ in range(2)]
-
-
-@pytest.mark.parametrize("kind", ["tcp", "hash"])
-def test_rank_zero_gathers_every_ranks_figures_over_the_store(kind):
-    stores = _stores(kind)
-    windows = 4
-    figures = {(w, r): window(10 * (w + 1), 3, 1.0 + r, 0.5, 0.1, 0.0001 * (r + 1), rank=r)
-               for w in range(windows) for r in range(3)}
-    exchanges = [StoreExchange(stores[r], r, 3) for r in range(3)]
-    # Rank 0 publishes first and looks without waiting: not everyone is there yet.
-    exchanges[0].publish(0, figures[(0, 0)])
-    assert exchanges[0].gather(0) is None
-    go = threading.Barrier(3)
-
-    def rank(r):
-        go.wait()
-        for w in range(windows):
-            exchanges[r].publish(w, figures[(w, r)])
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 2)]
-    for t in threads:
-        t.start()
-    go.wait()
-    decided = []
-    state = State()
-    for w in range(windows):
-        if w:
-            exchanges[0].publish(w, figures[(w, 0)])
-        got = exchanges[0].gather(w, timeout=10.0)
-        assert got == [figures[(w, r)] for r in range(3)]
-        state, target, _ = decide(Settings(), state, got)
-        decided.append(target)
-    for t in threads:
-        t.join()
-    assert decided == [3] * windows
-    # The keys are gone once gathered, and a window nobody published times out.
-    assert not stores[0].check([f"dlop/autoscale/0/{r}" for r in range(3)])
-    assert exchanges[0].gather(windows, timeout=0.05) is None
-    with pytest.raises(ValueError, match="rank 3 is not in a world of 3"):
-        StoreExchange(stores[0], 3, 3)

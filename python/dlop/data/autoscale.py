@@ -3,8 +3,8 @@
 Every rank reports a :class:`RankWindow` per decision window (its mean step
 and stall, the batches per second it got from each offloader, their busy
 fractions where known, the offloaders it still uses).
-:class:`StoreExchange` carries them over the job's c10d store to rank 0,
-:func:`aggregate` makes one :class:`JobWindow` of them, and :func:`decide`
+:mod:`dlop.scaling.figures` carries them over the fleet's c10d store to
+the controller, :func:`aggregate` makes one :class:`JobWindow` of them, and :func:`decide`
 turns it into one target fleet size for the job. An actuator (local
 processes, SLURM jobs, a Kubernetes Deployment) starts or stops offloaders
 to reach the target; nothing here starts anything.
@@ -46,7 +46,6 @@ import argparse
 import dataclasses
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -315,39 +314,5 @@ def decide(settings: Settings, state: State,
     return state, new, reason
 
 
-class StoreExchange:
-    """Every rank's :class:`RankWindow` to rank 0 over a c10d store (``torch.distributed.Store``:
-    TCPStore, FileStore, HashStore, a PrefixStore over one).
-
-    Each rank calls :meth:`publish` once per window (one key per rank and window); rank 0
-    calls :meth:`gather`, which returns them all once every rank has published, and
-    deletes their keys."""
-
-    def __init__(self, store: Any, rank: int, world: int, prefix: str = "dlop/autoscale") -> None:
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in a world of {world}")
-        self.store, self.rank, self.world, self.prefix = store, int(rank), int(world), prefix
-
-    def _key(self, window: int, rank: int) -> str:
-        return f"{self.prefix}/{int(window)}/{rank}"
-
-    def publish(self, window: int, figures: RankWindow) -> None:
-        self.store.set(self._key(window, self.rank), figures.to_json())
-
-    def gather(self, window: int, timeout: float = 0.0) -> list[RankWindow] | None:
-        """Every rank's figures for ``window`` in rank order, or None when some rank has not
-        published within ``timeout`` seconds (0: look once, do not wait)."""
-        keys = [self._key(window, r) for r in range(self.world)]
-        deadline = time.monotonic() + timeout
-        while not self.store.check(keys):
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.005)
-        got = [RankWindow.from_json(self.store.get(k)) for k in keys]
-        for k in keys:
-            self.store.delete_key(k)
-        return got
-
-
 __all__ = ["OPTIONS", "Settings", "add_arguments", "from_arguments", "RankWindow", "JobWindow", "aggregate",
-           "State", "estimate", "decide", "StoreExchange"]
+           "State", "estimate", "decide"]

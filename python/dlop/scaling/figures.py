@@ -47,7 +47,8 @@ def decode(text: str | bytes) -> LoaderStats:
 
 
 def read(store: Any) -> dict[int, LoaderStats]:
-    """Every rank's latest figures, by rank (those not published yet are missing)."""
+    """Every rank's latest figures, by rank (those not published yet are missing); ValueError naming
+    the key of one that does not decode."""
     if not store.check([WORLD]):
         return {}
     world = int(store.get(WORLD))
@@ -55,7 +56,10 @@ def read(store: Any) -> dict[int, LoaderStats]:
     out = {}
     for rank, key in keys.items():
         if store.check([key]):
-            out[rank] = decode(store.get(key))
+            try:
+                out[rank] = decode(store.get(key))
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"rank {rank}'s figures under {key} in the fleet's store are malformed ({e})") from None
     return out
 
 

@@ -127,7 +127,7 @@ def test_the_wheel_ships_the_product_only():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r"^wheel\.packages\s*=\s*(\[.*\])", text, re.M) == ['["python/dlop"]']
     assert not (PRODUCT / "bench").exists() and (LAB / "__init__.py").is_file()
-    assert {p.name for p in PRODUCT.iterdir() if (p / "__init__.py").is_file()} == {"data", "report", "testing"}
+    assert {p.name for p in PRODUCT.iterdir() if (p / "__init__.py").is_file()} == {"data", "report", "scaling", "testing"}
     import importlib.util
 
     assert importlib.util.find_spec("dlop.report") is not None and importlib.util.find_spec("dlop.bench") is None

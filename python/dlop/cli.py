@@ -5,6 +5,7 @@
     dlop pack ROOT OUT.dlrec [--kind image|video|audio]
     dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] | --offloaders-dns NAME:PORT[,...] | --discover]
              [--token-file F] [--wait S] -- COMMAND...              (in a SLURM het job: no flags)
+    dlop run --offloaders auto [--scaler local|slurm|kubernetes] [--min N --max N ...] -- COMMAND...
     dlop offloader --store HOST:PORT --token-file F [dlop-offloader args...]
     dlop offloader [dlop-offloader args...]                  (in het group 1 of a SLURM job)
     dlop slurm-template > job.sbatch                         (then: sbatch job.sbatch python train.py)

@@ -7,7 +7,8 @@ the Deployment's pods, the Service's port is the container's, the Secret the
 pods mount is the one shipped. No cluster runs here; the one part that runs
 is the offloader container's start command, with its two paths moved to
 temporary folders, which must start a daemon from a Secret-like token file
-(group-readable, as a Secret with fsGroup mounts it).
+(group-readable, as a Secret with fsGroup mounts it) and serve its metrics.
+The ways to size the fleet are checked in test_kubernetes_autoscale.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,18 +31,32 @@ FOLDER = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
 VERSION = "1.30.0"  # a version clusters run today; the schema ships with kubernetes-validate
 
 
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((FOLDER / name).read_text()) if d]
+
+
 def _load(name: str) -> dict:
-    (doc,) = [d for d in yaml.safe_load_all((FOLDER / name).read_text()) if d]
+    (doc,) = docs(name)
     return doc
 
 
 MANIFESTS = ["offloader-deployment.yaml", "offloader-service.yaml", "offloader-pdb.yaml", "token-secret.yaml",
-             "trainer-job.yaml"]
+             "trainer-job.yaml", "trainer-rbac.yaml", "autoscale-hpa/hpa.yaml"]
+# YAML that is no object of the API's own: kustomize's files, KEDA's ScaledObject (a custom resource,
+# checked in test_kubernetes_autoscale.py), the Prometheus adapter's configuration.
+NOT_API_OBJECTS = ["kustomization.yaml", "autoscale-hpa/kustomization.yaml", "autoscale-keda/kustomization.yaml",
+                   "autoscale-keda/scaledobject.yaml", "autoscale-hpa/adapter-rules.yaml"]
 
 
 @pytest.mark.parametrize("name", MANIFESTS)
 def test_each_manifest_is_valid_against_the_api_schema(name):
-    kv.validate(_load(name), VERSION, strict=True)
+    for doc in docs(name):
+        kv.validate(doc, VERSION, strict=True)
+
+
+def test_every_file_is_checked():
+    found = sorted(str(p.relative_to(FOLDER)) for p in FOLDER.rglob("*") if p.is_file())
+    assert found == sorted(MANIFESTS + NOT_API_OBJECTS)
 
 
 def test_the_validator_catches_what_it_should():
@@ -64,7 +80,7 @@ def test_the_pieces_fit_together():
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
     assert service["spec"]["clusterIP"] == "None"  # headless: one DNS record per ready pod
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    (port,) = container["ports"]
+    port = next(p for p in container["ports"] if p["name"] == "offload")
     (service_port,) = service["spec"]["ports"]
     assert service_port["targetPort"] == port["name"] and service_port["port"] == port["containerPort"]
     assert f"0.0.0.0:{port['containerPort']}" in container["args"][0]
@@ -76,8 +92,11 @@ def test_the_pieces_fit_together():
     assert command[command.index("--offloaders-dns") + 1] == f"{service['metadata']['name']}:{service_port['port']}"
     mount = job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
     assert command[command.index("--token-file") + 1] == f"{mount}/{next(iter(secret['stringData']))}"
-    listed = yaml.safe_load((FOLDER / "kustomization.yaml").read_text())["resources"]
-    assert all((FOLDER / f).exists() for f in listed) and "token-secret.yaml" not in listed
+    for kustomization in ("kustomization.yaml", "autoscale-hpa/kustomization.yaml",
+                          "autoscale-keda/kustomization.yaml"):
+        folder = (FOLDER / kustomization).parent
+        listed = _load(kustomization)["resources"]
+        assert all((folder / f).is_file() for f in listed) and "token-secret.yaml" not in listed
 
 
 def _daemon() -> Path:
@@ -112,15 +131,20 @@ def test_the_offloader_container_command_starts_a_daemon_from_a_mounted_secret(t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = (container["args"][0].replace(mounts["secret"], str(secret_dir)).replace(mounts["run"], str(run_dir))
-              .replace("0.0.0.0:7001", f"127.0.0.1:{port}"))
+              .replace("0.0.0.0:7001", f"127.0.0.1:{port}").replace("--metrics-port 9400", "--metrics-port 0"))
     assert str(secret_dir) in script and str(run_dir) in script
     env = {**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}", "THREADS": "1"}
     proc = subprocess.Popen(container["command"] + [script], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert re.match(rf"dlop-offloader listening on 127\.0\.0\.1:{port}$", line.strip()), proc.stderr.read()
+        ready = re.match(rf"dlop-offloader \(metrics on (127\.0\.0\.1:\d+)\) listening on 127\.0\.0\.1:{port}$",
+                         line.strip())
+        assert ready, (line, proc.stderr.read())
         assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
+        # What an autoscaler's query reads of the offloaders (autoscale-keda/, autoscale-hpa/).
+        with urllib.request.urlopen(f"http://{ready.group(1)}/metrics", timeout=10) as response:
+            assert re.search(r"^dlop_offloader_busy_fraction 0(\.0*)?$", response.read().decode(), re.M)
     finally:
         proc.kill()
         proc.wait()

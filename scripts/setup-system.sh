@@ -31,6 +31,9 @@ PACKAGES=(
   # A real SLURM cluster of namespace nodes for the fleet tests (no systemd:
   # the tests start munged, slurmctld and slurmd themselves).
   slurmctld slurmd slurm-client munge
+  # promtool runs the Kubernetes autoscalers' PromQL query over real series
+  # (tests/python/test_kubernetes_autoscale.py); no server is started.
+  prometheus
   python3-venv
   # Python.h for the dlop._C extension when the venv's Python is Debian's own.
   python3-dev

@@ -20,7 +20,6 @@ the host removes it (only folders of this user whose `dlop run` is dead).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import shutil
@@ -31,9 +30,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dlop.offloader_launcher import daemon_path
+from dlop.offloader_launcher import daemon_path, die_with_parent
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def trainer_ranks(command: list[str]) -> int:
@@ -70,16 +68,6 @@ def default_count(command: list[str], env=os.environ) -> int:
         cpus = env.get("SLURM_CPUS_ON_NODE") or ""
         cores = int(cpus) if cpus.isdigit() and int(cpus) > 0 else cores
     return max(1, (cores - tasks * trainer_ranks(command)) // tasks)
-
-
-def die_with_parent(parent: int) -> None:
-    """preexec_fn: SIGTERM to this child when process `parent` dies (also by SIGKILL)."""
-    # Runs in the child between fork and exec; the mark survives exec.
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        os._exit(126)
-    if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
-        os._exit(0)
 
 
 def run_command(command: list[str], env: dict[str, str]) -> int:

@@ -20,6 +20,7 @@ prints the node it runs on.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import os
 import queue
@@ -33,6 +34,19 @@ import time
 from pathlib import Path
 
 from dlop.data import discovery
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """preexec_fn: SIGTERM to this child when process `parent` dies (also by SIGKILL)."""
+    # Runs in the child between fork and exec; the mark survives exec.
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        os._exit(126)
+    if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
+        os._exit(0)
 
 
 def daemon_path() -> str:
@@ -106,7 +120,11 @@ def _slurm_daemon_args(listen_host: str, rest: list[str], env) -> tuple[str, lis
 
 def _start(argv: list[str], start_timeout: float, hint: str = "") -> tuple[subprocess.Popen, int]:
     """dlop-offloader started with argv and listening: (the process, its port). Its stdout is relayed."""
-    proc = subprocess.Popen([daemon_path(), *argv], stdout=subprocess.PIPE, text=True)
+    # A process group of its own: a signal to ours (scancel, a terminal's Ctrl-C) reaches the daemon once,
+    # forwarded by main(); a second SIGTERM would cut its drain short. It still goes if we are SIGKILLed.
+    parent = os.getpid()
+    proc = subprocess.Popen([daemon_path(), *argv], stdout=subprocess.PIPE, text=True, process_group=0,
+                            preexec_fn=lambda: die_with_parent(parent))
     # The daemon's stdout is relayed line by line; the first line says where it listens.
     lines: queue.Queue = queue.Queue()
 

@@ -156,7 +156,9 @@ void bind_offload_loader(py::module_& root) {
       .def_property_readonly("dataset_size", [](const LeaseManager& self) { return self.layout().dataset_size; })
       .def("leases_issued", &LeaseManager::leases_issued)
       .def("leases_reissued", &LeaseManager::leases_reissued)
-      .def("completed_per_daemon", &LeaseManager::completed_per_daemon);
+      .def("completed_per_daemon", &LeaseManager::completed_per_daemon)
+      .def("busy_per_daemon", &LeaseManager::busy_per_daemon,
+           "each daemon's busy fraction as its latest batch gave it (add_daemon order); NaN: none yet, or dead");
 
   m.def(
       "daemon_stats",

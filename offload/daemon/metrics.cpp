@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <iterator>
 #include <string_view>
@@ -60,16 +61,16 @@ std::string response(std::string_view status, std::string_view content_type, std
 
 }  // namespace
 
-std::string prometheus_text(const DaemonStats& stats, double busy_fraction) {
+std::string prometheus_text(const DaemonStats& stats) {
   const auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   std::string out;
   out.reserve(2048);
   metric(out, "dlop_offloader_busy_fraction", "gauge",
-         fmt::format("Fraction of the last {} s the compute pool spent making batches.", kBusyWindow.count()),
-         busy_fraction);
+         fmt::format("Fraction of the last {} s the compute pool spent making batches.", kMetricsBusyWindow.count()),
+         stats.busy.fraction(kMetricsBusyWindow));
   metric(out, "dlop_offloader_busy_seconds_total", "counter",
          "Seconds the compute pool spent making batches (the Python path: worker seconds over the workers).",
-         stats.busy.busy_seconds(Clock::now()));
+         stats.busy.busy_seconds());
   metric(out, "dlop_offloader_compute_threads", "gauge", "Compute threads (--threads).",
          static_cast<std::uint64_t>(stats.busy.capacity()));
   metric(out, "dlop_offloader_batches_made_total", "counter", "Batches made.", get(stats.batch.items));
@@ -106,7 +107,6 @@ MetricsServer::MetricsServer(const std::string& host, std::uint16_t port, const 
     throw_error(Errc::kInvalidArgument, fmt::format("--metrics-port {}: {}", port, what));
   }
   port_ = net::local_port(listener_.get());
-  records_.emplace_back(Clock::now(), stats_.busy.busy_seconds(Clock::now()));
   thread_ = std::thread([this] { run(); });
 }
 
@@ -116,30 +116,11 @@ MetricsServer::~MetricsServer() {
   thread_.join();
 }
 
-void MetricsServer::record(Clock::time_point now) {
-  records_.emplace_back(now, stats_.busy.busy_seconds(now));
-  // Keep the newest record that is a whole window old, and those after it.
-  while (records_.size() > 1 && records_[1].first <= now - kBusyWindow) records_.pop_front();
-}
-
-double MetricsServer::busy_fraction(Clock::time_point now) const {
-  const auto& [since, busy] = records_.front();
-  const double wall = std::chrono::duration<double>(now - since).count();
-  if (wall <= 0) return 0;
-  return std::clamp((stats_.busy.busy_seconds(now) - busy) / wall, 0.0, 1.0);
-}
-
 void MetricsServer::run() {
   pthread_setname_np(pthread_self(), "dlop-metrics");
-  auto next_record = Clock::now() + std::chrono::seconds(1);
   while (true) {
     pollfd fds[2] = {{stop_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
-    const int n = ::poll(fds, 2, net::poll_ms(next_record));
-    const auto now = Clock::now();
-    if (now >= next_record) {
-      record(now);
-      next_record = now + std::chrono::seconds(1);
-    }
+    const int n = ::poll(fds, 2, -1);
     if (n < 0 && errno != EINTR) {
       log().error("offloader: metrics endpoint: poll: {}", std::strerror(errno));
       return;
@@ -188,7 +169,7 @@ void MetricsServer::serve(int fd) {
     answer = response("404 Not Found", "text/plain", "the metrics are at /metrics\n");
   } else {
     answer = response("200 OK", "text/plain; version=0.0.4; charset=utf-8",
-                      prometheus_text(stats_, busy_fraction(Clock::now())));
+                      prometheus_text(stats_));
   }
   send_all(fd, answer, deadline);
 }

@@ -5,23 +5,17 @@
 // counters only.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <thread>
-#include <utility>
 
 #include "socket.hpp"
 #include "stats.hpp"
 
 namespace dlop::offload::daemon {
 
-// The busy fraction is over the last this long.
-inline constexpr std::chrono::seconds kBusyWindow{5};
-
-// The exposition text of `stats`, with the busy fraction of the last window.
-std::string prometheus_text(const DaemonStats& stats, double busy_fraction);
+// The exposition text of `stats` now.
+std::string prometheus_text(const DaemonStats& stats);
 
 class MetricsServer {
  public:
@@ -36,21 +30,14 @@ class MetricsServer {
   std::uint16_t port() const { return port_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
-
   void run();
   // Reads one request and answers it, within a few seconds whatever the peer does.
   void serve(int fd);
-  // Records the busy meter once a second; the fraction is taken against the
-  // newest record at least kBusyWindow old (or the first).
-  void record(Clock::time_point now);
-  double busy_fraction(Clock::time_point now) const;
 
   const DaemonStats& stats_;
   net::UniqueFd listener_;
   std::uint16_t port_ = 0;
   net::UniqueFd stop_;  // eventfd: the destructor's word to the thread
-  std::deque<std::pair<Clock::time_point, double>> records_;  // (when, busy seconds), oldest first
   std::thread thread_;
 };
 

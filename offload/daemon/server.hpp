@@ -156,6 +156,8 @@ class Server {
   void write_direct(Conn& c, JobResult& r, std::uint64_t address);
   void on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchReady ready, const std::optional<std::string>& error,
                bool announced);
+  // Sends a BATCH_READY with the daemon's busy fraction as it is now.
+  void reply_ready(Conn& c, protocol::BatchReady ready);
   // One open source per (kind, path), shared by the connections that use it.
   std::shared_ptr<const Source> open_source_cached(const std::string& path, std::string_view kind);
 

@@ -268,7 +268,7 @@ void Server::on_results() {
     // A Python batch's size is known only now: BATCH_READY goes first, and the
     // client posts its receive for that many bytes (see OffloadClient).
     const bool announce = r.job.dataset->python;
-    if (announce) reply(*c, r.ready);
+    if (announce) reply_ready(*c, r.ready);
     // The buffer rides with the callback, which gives it back when UCX is done with it.
     auto staging = std::make_shared<Staging>(std::move(r.staging));
     const std::byte* data = staging->data.get();
@@ -296,7 +296,7 @@ void Server::write_direct(Conn& c, JobResult& r, std::uint64_t address) {
   if (wrote == static_cast<ssize_t>(r.bytes)) {
     stats_.send.add(1, Clock::now() - start, r.ready.bytes);
     stats_.batches_ready.fetch_add(1, std::memory_order_relaxed);
-    return reply(c, r.ready);
+    return reply_ready(c, r.ready);
   }
   stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
   const std::string why = "writing " + std::to_string(r.bytes) + " bytes into pid " + std::to_string(c.direct_pid) +
@@ -323,6 +323,11 @@ void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchRea
   stats_.batches_ready.fetch_add(canceled ? 0 : 1, std::memory_order_relaxed);
   if (announced) return;  // BATCH_READY went before the data; a cancel came too late to matter
   if (canceled) return reply(c, protocol::Canceled{lease});
+  reply_ready(c, std::move(ready));
+}
+
+void Server::reply_ready(Conn& c, protocol::BatchReady ready) {
+  ready.busy = stats_.busy.fraction(kAnswerBusyWindow);
   reply(c, ready);
 }
 

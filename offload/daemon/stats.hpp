@@ -1,15 +1,14 @@
 // The daemon's counters, updated by the compute threads and the event loop
 // and read for STATS replies and the metrics endpoint: relaxed atomics, since
-// each is a plain sum or a level.
+// each is a plain sum or a level. The busy meter (busy.hpp) is read for these
+// and for each BATCH_READY too.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
-#include <mutex>
 
+#include "busy.hpp"
 #include "offload/protocol_messages.hpp"
 
 namespace dlop::offload::daemon {
@@ -32,80 +31,6 @@ struct StageCounter {
             static_cast<double>(nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
             bytes.load(std::memory_order_relaxed)};
   }
-};
-
-// How long the compute pool spent making batches, batches still being made
-// included. A batch holds `share` of the pool's `capacity` threads while it
-// is made: a native batch the whole pool, a Python worker's batch one of the
-// connection's workers. Locked twice per batch and once per reading: nothing
-// per sample.
-class BusyMeter {
- public:
-  using Clock = std::chrono::steady_clock;
-
-  void set_capacity(std::size_t threads) {
-    std::lock_guard lock(mutex_);
-    capacity_ = std::max<std::size_t>(1, threads);
-  }
-  std::size_t capacity() const {
-    std::lock_guard lock(mutex_);
-    return capacity_;
-  }
-
-  // A batch begins and ends; a Scope does both.
-  Clock::time_point begin(std::size_t share) {
-    const auto now = Clock::now();
-    std::lock_guard lock(mutex_);
-    running_share_ += share;
-    running_start_ += static_cast<double>(share) * seconds(now);
-    ++running_;
-    return now;
-  }
-  void end(std::size_t share, Clock::time_point start) {
-    const auto now = Clock::now();
-    std::lock_guard lock(mutex_);
-    running_share_ -= share;
-    running_start_ -= static_cast<double>(share) * seconds(start);
-    done_ += static_cast<double>(share) * (seconds(now) - seconds(start));
-    if (--running_ == 0) running_start_ = 0;  // no rounding left over from the sums
-  }
-  class Scope {
-   public:
-    Scope(BusyMeter& meter, std::size_t share) : meter_(meter), share_(share), start_(meter.begin(share)) {}
-    ~Scope() { meter_.end(share_, start_); }
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-
-   private:
-    BusyMeter& meter_;
-    std::size_t share_;
-    Clock::time_point start_;
-  };
-
-  // Seconds of the whole pool spent making batches until `now`: thread
-  // seconds over the capacity.
-  double busy_seconds(Clock::time_point now) const {
-    std::lock_guard lock(mutex_);
-    const double running = static_cast<double>(running_share_) * seconds(now) - running_start_;
-    return (done_ + running) / static_cast<double>(capacity_);
-  }
-  // Batches being made now.
-  std::size_t running() const {
-    std::lock_guard lock(mutex_);
-    return running_;
-  }
-
- private:
-  // Since the meter was made, so that the sums stay small.
-  double seconds(Clock::time_point t) const { return std::chrono::duration<double>(t - origin_).count(); }
-
-  const Clock::time_point origin_ = Clock::now();
-  mutable std::mutex mutex_;
-  std::size_t capacity_ = 1;
-  double done_ = 0;             // thread seconds of the batches that ended
-  std::size_t running_share_ = 0;  // threads held by the batches being made
-  double running_start_ = 0;    // the sum of share x start over them
-  std::size_t running_ = 0;
 };
 
 struct DaemonStats {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -148,13 +149,25 @@ TEST_F(LeaseManagerTest, FaultFreeEpochMatchesTheLocalPipeline) {
   m.add_daemon("127.0.0.1", d1.port());
   m.add_daemon("127.0.0.1", d2.port());
   EXPECT_EQ(m.batch_count(), 7u);
+  for (const double busy : m.busy_per_daemon()) EXPECT_TRUE(std::isnan(busy)) << "busy before any batch: " << busy;
   m.set_epoch(1);
   EXPECT_EQ(sorted(drain(m, 1)), sorted(all_samples(1)));
   const auto per = m.completed_per_daemon();
   EXPECT_GT(per[0], 0u);
   EXPECT_GT(per[1], 0u);
+  // Both made batches, and said how busy that kept them.
+  const auto busy = m.busy_per_daemon();
+  ASSERT_EQ(busy.size(), 2u);
+  for (const double b : busy) EXPECT_TRUE(b > 0 && b <= 1) << b;
   m.set_epoch(2);
   EXPECT_EQ(sorted(drain(m, 2)), sorted(all_samples(2)));
+  // A dead daemon's fraction is unknown; the live one's stays known.
+  d1.kill(SIGKILL);
+  m.set_epoch(3);
+  EXPECT_EQ(sorted(drain(m, 3)), sorted(all_samples(3)));
+  ASSERT_EQ(m.live_daemons(), 1u);
+  EXPECT_TRUE(std::isnan(m.busy_per_daemon().at(0)));
+  EXPECT_TRUE(m.busy_per_daemon().at(1) > 0 && m.busy_per_daemon().at(1) <= 1);
 }
 
 TEST_F(LeaseManagerTest, SigkilledDaemonsAndNewOnesStillGiveEveryBatchOnce) {

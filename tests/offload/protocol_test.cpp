@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -81,9 +82,12 @@ TEST(OffloadProtocol, EveryMessageRoundTrips) {
   EXPECT_EQ(p.batch, 17u);
   EXPECT_EQ(p.address, 0u);
   EXPECT_EQ(round_trip(Produce{9, 2, 17, {5}, 0x7f0012345000ull}).address, 0x7f0012345000ull);
-  const BatchReady r = round_trip(BatchReady{9, 17, 2, 1552, {{1, "corrupt"}}});
+  const BatchReady r = round_trip(BatchReady{9, 17, 2, 1552, {{1, "corrupt"}}, 0.625});
   ASSERT_EQ(r.skipped.size(), 1u);
   EXPECT_EQ(r.skipped[0].reason, "corrupt");
+  EXPECT_EQ(r.busy, 0.625);
+  EXPECT_EQ(round_trip(BatchReady{9, 17, 2, 1552, {}, 0.0}).busy, 0.0);  // both ends of [0, 1]
+  EXPECT_EQ(round_trip(BatchReady{9, 17, 2, 1552, {}, 1.0}).busy, 1.0);
   const ErrorMsg e = round_trip(ErrorMsg{9, ErrorCode::kSample, "bad jpeg"});
   EXPECT_EQ(e.code, ErrorCode::kSample);
   EXPECT_EQ(round_trip(Cancel{5}).lease, 5u);
@@ -146,8 +150,8 @@ TEST(OffloadProtocol, MalformedFramesAreRefused) {
   const Bytes good = w.encode(MsgType::kPing, encode(Ping{1}));
   expect_refused(patched(good, 0, {'G', 'E', 'T', ' '}), "bad magic");
   expect_refused(Bytes{'H'}, "bad magic");  // refused before a whole header arrives
-  expect_refused(patched(good, 4, {4, 0}), "version 4 not supported");  // the version before the current one
-  expect_refused(patched(good, 4, {6, 0}), "version 6 not supported");
+  expect_refused(patched(good, 4, {5, 0}), "version 5 not supported");  // the version before the current one
+  expect_refused(patched(good, 4, {7, 0}), "version 7 not supported");
   expect_refused(patched(good, 6, {0, 0}), "unknown message type 0");
   expect_refused(patched(good, 6, {99, 0}), "unknown message type 99");
   expect_refused(patched(good, 8, {1, 0, 0, 0}), "unknown flags");
@@ -219,6 +223,13 @@ TEST(OffloadProtocol, MalformedMessagesAreRefused) {
   bad_code[8] = 77;
   expect_protocol_error([&] { decode<ErrorMsg>(bad_code); }, "unknown code 77");
   expect_protocol_error([&] { decode<Stats>(encode(Stats{{{"read", 1, -1.0, 0}}, {}})); }, "bad time");
+  // A busy fraction is a share of the daemon's time: outside [0, 1], or not a number, is refused.
+  for (const double busy : {-0.01, 1.01, std::numeric_limits<double>::quiet_NaN(),
+                            std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(busy);
+    expect_protocol_error([&] { decode<BatchReady>(encode(BatchReady{9, 17, 2, 1552, {}, busy})); },
+                          "BATCH_READY with busy fraction");
+  }
 }
 
 // The parsers' standing test when no fuzzer is built (and a quick one when
@@ -229,7 +240,7 @@ TEST(OffloadProtocol, RandomBytesOnlyEverRaiseProtocolErrors) {
   std::vector<Bytes> valid;
   FrameWriter w;
   valid.push_back(w.encode(MsgType::kConfigure, encode(sample_configure())));
-  valid.push_back(w.encode(MsgType::kBatchReady, encode(BatchReady{9, 17, 2, 1552, {{1, "corrupt"}}})));
+  valid.push_back(w.encode(MsgType::kBatchReady, encode(BatchReady{9, 17, 2, 1552, {{1, "corrupt"}}, 0.5})));
   valid.push_back(w.encode(MsgType::kStats, encode(Stats{{{"read", 10, 0.5, 100}}, {{"x", 3}}})));
   std::size_t frames = 0, refused = 0;
   for (int round = 0; round < 20000; ++round) {

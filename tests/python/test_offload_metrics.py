@@ -1,10 +1,12 @@
 """OffloadLoader.stats() and the DLOP_METRICS_PORT endpoint, over real dlop-offloader daemons:
-the stall and step a training loop sees, each offloader's batches, the Prometheus text a scrape
-gets (and that it moves as batches are taken), a taken port that warns and trains on."""
+the stall and step a training loop sees, each offloader's batches and the busy fraction its
+batches carry, the Prometheus text a scrape gets (and that it moves as batches are taken), a taken
+port that warns and trains on."""
 
 from __future__ import annotations
 
 import gc
+import json
 import math
 import re
 import socket
@@ -70,6 +72,7 @@ def test_stats_give_the_stall_the_step_and_each_offloader(dataset, daemons, endp
     s = loader.stats()
     assert (s.steps, s.stall_seconds_total, s.batches_in_flight, s.offloaders_live) == (0, 0.0, None, 2)
     assert [o.address for o in s.offloaders] == [d.address for d in daemons]
+    assert all(o.busy_fraction is None for o in s.offloaders)  # no batch has said it yet
     started = time.perf_counter()
     assert train(loader, step=0.03) == 5
     took = time.perf_counter() - started
@@ -86,7 +89,10 @@ def test_stats_give_the_stall_the_step_and_each_offloader(dataset, daemons, endp
     assert sum(o.batches for o in s.offloaders) == 5  # every batch once, from one of the two
     rate = sum(o.batches_per_second for o in s.offloaders)
     assert 0 < rate <= 5 / s.window_seconds + 1e-9
-    assert all(o.busy_fraction is None for o in s.offloaders)  # the daemons do not report it yet
+    # Each daemon's latest batch said how busy it was: a share of its time, above 0 once it made one.
+    for o in s.offloaders:
+        assert isinstance(o.busy_fraction, float) and 0.0 <= o.busy_fraction <= 1.0, o
+        assert o.busy_fraction > 0.0 or o.batches == 0, o
     # A second epoch adds to the totals; stats() from another thread reads the same figures.
     assert train(loader) == 5
     import threading
@@ -111,6 +117,8 @@ def test_a_dead_offloader_shows_in_the_stats(dataset, daemons, endpoint):
     assert s.steps == 10 and s.offloaders_live == 1
     by = {o.address: o.batches for o in s.offloaders}
     assert by[dead] == first[dead] and by[live] == first[live] + 5  # the next epoch is the live one's
+    busy = {o.address: o.busy_fraction for o in s.offloaders}
+    assert busy[dead] is None and 0.0 < busy[live] <= 1.0  # a dead daemon's load is unknown
 
 
 def test_local_batches_have_stats_too(dataset, endpoint):
@@ -121,6 +129,27 @@ def test_local_batches_have_stats_too(dataset, endpoint):
     s = loader.stats()
     assert not s.offloaded and s.steps == 5 and s.offloaders == () and s.offloaders_live == 0
     assert s.batches_in_flight is not None and s.stall_seconds_total > 0
+
+
+def test_an_offloader_given_twice_counts_once_with_the_larger_busy_fraction(dataset, daemons):
+    """Two connections to one daemon: one entry, batches summed, the larger busy fraction known."""
+    d = daemons[0]
+    manager = offload.LeaseManager(dataset, json.dumps(SPEC), 5, BATCH, TOKEN, prefetch=4, per_daemon=2)
+    recorder = metrics.Recorder(prefetch=4)
+    for _ in range(2):
+        manager.add_daemon("127.0.0.1", int(d.address.rsplit(":", 1)[1]))
+        recorder.add_address(d.address)
+    assert [o.busy_fraction for o in recorder.stats().offloaders] == [None]
+    manager.set_epoch(0)
+    recorder.start_iteration(manager)
+    while (batch := manager.next()) is not None:
+        recorder.offloaded(manager)
+        manager.release(batch[3])
+    recorder.read(manager)
+    known = [b for b in manager.busy_per_daemon() if not math.isnan(b)]
+    assert known and all(0 < b <= 1 for b in known)
+    (only,) = recorder.stats().offloaders
+    assert only.address == d.address and only.batches == 5 and only.busy_fraction == max(known)
 
 
 # --- the endpoint ---------------------------------------------------------------------------------
@@ -183,6 +212,14 @@ def test_the_endpoint_serves_prometheus_text_that_moves(dataset, daemons, endpoi
     assert sum(per) == 5
     rates = [value(after, "dlop_offloader_batches_per_second", offloader=d.address) for d in daemons]
     assert all(r >= 0 for r in rates) and sum(rates) > 0 and all(math.isfinite(r) for r in rates)
+    # Each daemon that made a batch said how busy it was: one sample each, as stats() has it.
+    stats = {o.address: o for o in loader.stats().offloaders}
+    busy = after["dlop_offloader_busy_ratio"]["samples"]
+    assert len(busy) == sum(1 for n in per if n > 0)
+    for d, n in zip(daemons, per):
+        if n > 0:
+            assert 0 < value(after, "dlop_offloader_busy_ratio", offloader=d.address) <= 1
+            assert value(after, "dlop_offloader_busy_ratio", offloader=d.address) == stats[d.address].busy_fraction
     # A second loader joins the same endpoint under its own labels; other paths are not served.
     other = make_loader(dataset, daemons[:1])
     assert other.metrics_port == port and other.metrics_labels != loader.metrics_labels

@@ -176,6 +176,10 @@ class LeaseManager {
   std::uint64_t leases_reissued() const;
   // Batches each daemon completed (by add_daemon order), dead ones included.
   std::vector<std::uint64_t> completed_per_daemon() const;
+  // Each daemon's busy fraction (by add_daemon order), as its latest
+  // BATCH_READY to this manager gave it (OffloadClient::busy()); NaN for a
+  // daemon that sent none yet, or that is dead.
+  std::vector<double> busy_per_daemon() const;
 
  private:
   struct Impl;

@@ -200,6 +200,14 @@ class OffloadClient {
   // After kPeerDead: the leases that were open, to be reissued elsewhere.
   const std::vector<std::uint64_t>& lost_leases() const { return lost_; }
   const protocol::Welcome& daemon() const { return welcome_; }
+  // The daemon's busy fraction (protocol::BatchReady::busy) as its latest
+  // BATCH_READY gave it, and when that answer was read; nullopt before the
+  // first.
+  struct Busy {
+    double fraction = 0;
+    std::chrono::steady_clock::time_point when;
+  };
+  const std::optional<Busy>& busy() const { return busy_; }
   const std::string& address() const { return address_; }
 
  private:
@@ -264,6 +272,7 @@ class OffloadClient {
   std::vector<protocol::Frame> unsolicited_;  // replies read while waiting for something else
   std::vector<std::uint64_t> lost_;
   std::optional<Error> failure_;  // once the connection is gone, every call throws this
+  std::optional<Busy> busy_;
   std::uint64_t next_ping_ = 1;
   bool authenticating_ = false;  // HELLO sent, WELCOME not yet in
 };

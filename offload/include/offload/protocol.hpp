@@ -43,8 +43,9 @@ inline constexpr std::uint32_t kMagic = 0x464f4c44;  // bytes 'D' 'L' 'O' 'F'
 // writes into a same-host trainer (WELCOME's nonce, CONFIGURE's pid and proof,
 // CONFIGURED's direct, PRODUCE's address); 4: CONFIGURE's piece_bytes
 // (batches over UCX in pieces); 5: CONFIGURED's layout of any media kind
-// (a sample shape, labels per sample, lengths).
-inline constexpr std::uint16_t kVersion = 5;
+// (a sample shape, labels per sample, lengths); 6: BATCH_READY's busy
+// fraction (how loaded the daemon is, for sizing the fleet).
+inline constexpr std::uint16_t kVersion = 6;
 inline constexpr std::size_t kHeaderBytes = 24;
 inline constexpr std::size_t kMacBytes = 16;
 // Limits on one payload: before authentication (CHALLENGE, HELLO), and after.

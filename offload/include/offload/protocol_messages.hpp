@@ -202,12 +202,17 @@ struct BatchReady {
   std::uint32_t count = 0;        // samples in the buffer (fewer than asked when some were skipped)
   std::uint64_t bytes = 0;        // bytes sent into the buffer
   std::vector<Skipped> skipped;   // with the skip policy
+  // The share of the daemon's compute pool spent making batches over its
+  // last few seconds, when this answer left, in [0, 1]: the trainers size
+  // their fleet of daemons by it (dlop.data.autoscale).
+  double busy = 0;
   static void fields(auto& m, auto& v) {
     v("lease", m.lease);
     v("batch", m.batch);
     v("count", m.count);
     v("bytes", m.bytes);
     v("skipped", m.skipped);
+    v("busy", m.busy);
   }
   void check() const;
   bool operator==(const BatchReady&) const = default;

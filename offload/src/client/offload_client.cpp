@@ -423,7 +423,11 @@ void OffloadClient::cancel(std::uint64_t lease) {
 
 void OffloadClient::on_answer(const protocol::Frame& frame) {
   std::uint64_t id = 0;
-  if (frame.type == MsgType::kBatchReady) id = protocol::decode<protocol::BatchReady>(frame.payload).lease;
+  std::optional<protocol::BatchReady> ready;
+  if (frame.type == MsgType::kBatchReady) {
+    ready = protocol::decode<protocol::BatchReady>(frame.payload);
+    id = ready->lease;
+  }
   if (frame.type == MsgType::kCanceled) id = protocol::decode<protocol::Canceled>(frame.payload).lease;
   if (frame.type == MsgType::kError) id = protocol::decode<protocol::ErrorMsg>(frame.payload).lease;
   const auto it = leases_.find(id);
@@ -437,26 +441,26 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
   }
   Lease& lease = *it->second;
   lease.answer = frame;
+  if (ready) busy_ = Busy{ready->busy, Clock::now()};
   if (lease.direct) {
     // Written (BATCH_READY) or never to be (CANCELED, ERROR): the buffer is ours.
     lease.settled = true;
     return;
   }
   if (lease.buffer_for && !late_error) {
-    if (frame.type != MsgType::kBatchReady) {
+    if (!ready) {
       lease.settled = true;  // nothing was posted, nothing will come
       return;
     }
-    const auto ready = protocol::decode<protocol::BatchReady>(frame.payload);
-    if (ready.bytes == 0 || ready.count > lease.asked) {
-      fail(Errc::kProtocol, "BATCH_READY for lease " + std::to_string(id) + " with " + std::to_string(ready.bytes) +
-                                " bytes and " + std::to_string(ready.count) + " samples");
+    if (ready->bytes == 0 || ready->count > lease.asked) {
+      fail(Errc::kProtocol, "BATCH_READY for lease " + std::to_string(id) + " with " + std::to_string(ready->bytes) +
+                                " bytes and " + std::to_string(ready->count) + " samples");
     }
-    post_or_defer(lease, lease.buffer_for(ready.bytes), ready.bytes);
+    post_or_defer(lease, lease.buffer_for(ready->bytes), ready->bytes);
     return;
   }
   auto lock = lock_worker();
-  if (frame.type != MsgType::kBatchReady) {
+  if (!ready) {
     // No data will come for a failed or canceled lease: post no more pieces
     // and take the buffer back.
     std::erase(deferred_, &lease);
@@ -465,7 +469,7 @@ void OffloadClient::on_answer(const protocol::Frame& frame) {
     return;
   }
   // A batch shorter than the buffer (samples skipped) comes in fewer pieces.
-  const std::size_t coming = Pieces{protocol::decode<protocol::BatchReady>(frame.payload).bytes, piece_bytes_}.count();
+  const std::size_t coming = Pieces{ready->bytes, piece_bytes_}.count();
   if (coming < lease.expected) {
     lease.expected = std::max(coming, lease.recvs.size());
     cancel_receives(lease, coming);  // posted by cancel(): nothing will fill them

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -509,6 +510,14 @@ std::uint64_t LeaseManager::leases_reissued() const { return impl_->reissued; }
 std::vector<std::uint64_t> LeaseManager::completed_per_daemon() const {
   std::vector<std::uint64_t> v;
   for (const auto& d : impl_->daemons) v.push_back(d.completed);
+  return v;
+}
+std::vector<double> LeaseManager::busy_per_daemon() const {
+  std::vector<double> v;
+  for (const auto& d : impl_->daemons) {
+    const auto& busy = d.client->busy();
+    v.push_back(!d.dead && busy ? busy->fraction : std::numeric_limits<double>::quiet_NaN());
+  }
   return v;
 }
 

@@ -231,6 +231,7 @@ void Produce::check() const {
 
 void BatchReady::check() const {
   if (count > kMaxBatch) bad("BATCH_READY with count " + std::to_string(count));
+  if (!(busy >= 0 && busy <= 1)) bad("BATCH_READY with busy fraction " + std::to_string(busy) + ", not in [0, 1]");
 }
 
 void Stats::check() const {

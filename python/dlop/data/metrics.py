@@ -15,8 +15,9 @@ one append to a bounded deque:
   processes and not yet yielded;
 * per offloader (by its ``host:port``): the batches it completed for this
   rank, and their rate over the last :data:`WINDOW_SECONDS`;
-* per offloader, its busy fraction: ``None`` until the daemons report it
-  with their batches.
+* per offloader, its busy fraction: the share of its last few seconds the
+  daemon's compute pool spent making batches, as its latest batch for this
+  rank reported it (``None`` before that batch, or once the daemon died).
 
 ``OffloadLoader.stats()`` returns a :class:`LoaderStats`. With
 ``DLOP_METRICS_PORT`` set, the process serves the stats of all its loaders as
@@ -51,7 +52,8 @@ class OffloaderStats:
     address: str  #: ``host:port`` as given to the loader
     batches: int  #: batches it completed for this rank, since the loader was made
     batches_per_second: float  #: completed for this rank, over the window
-    #: the share of its time the daemon spent making batches; None until daemons report it
+    #: the share of its last few seconds the daemon spent making batches, as its latest batch
+    #: reported it; None before its first batch for this rank, or once it died
     busy_fraction: float | None = None
 
 
@@ -95,6 +97,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._addresses: list[str] = []  # by the lease manager's add_daemon order
         self._completed: tuple[int, ...] = ()
+        self._busy: tuple[float, ...] = ()  # NaN: unknown
         self._issued = self._reissued = self._live = 0
         self._base = 0  # issued - reissued - completed when the epoch began
         self._in_flight: int | None = None
@@ -111,6 +114,7 @@ class Recorder:
         with self._lock:
             self._addresses.append(address)
             self._completed = self._completed + (0,)
+            self._busy = self._busy + (math.nan,)
 
     def start_iteration(self, manager: Any = None) -> None:
         """An iteration begins: its first step counts from here; with offloaders,
@@ -121,11 +125,13 @@ class Recorder:
             self._base = self._issued - self._reissued - sum(self._completed)
 
     def read(self, m: Any) -> None:
-        """The lease manager's counters now (the offloaders live, the batches each completed)."""
-        completed = tuple(m.completed_per_daemon())
+        """The lease manager's counters now (the offloaders live, the batches each completed, how
+        busy each said it was)."""
+        completed, busy = tuple(m.completed_per_daemon()), tuple(m.busy_per_daemon())
         issued, reissued, live = m.leases_issued(), m.leases_reissued(), m.live_daemons()
         with self._lock:
-            self._completed, self._issued, self._reissued, self._live = completed, issued, reissued, live
+            self._completed, self._busy = completed, busy
+            self._issued, self._reissued, self._live = issued, reissued, live
             self._offloaded = True
 
     def offloaded(self, manager: Any) -> None:
@@ -157,7 +163,7 @@ class Recorder:
     def stats(self) -> LoaderStats:
         with self._lock:
             recent = list(self._recent)
-            addresses, completed = list(self._addresses), self._completed
+            addresses, completed, busy = list(self._addresses), self._completed, self._busy
             steps, stall_total, step_total, last = self._steps, self._stall_total, self._step_total, self._last
             issued, reissued, live, in_flight = self._issued, self._reissued, self._live, self._in_flight
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
@@ -165,14 +171,19 @@ class Recorder:
         counted = recent[1:] if len(recent) > 1 else recent
         stall_sum = sum(r[1] for r in counted)
         step_sum = sum(r[2] for r in counted)
-        by_address: dict[str, list[float]] = {}
+        # Per address (one given twice is one daemon): batches and rates add up, the busy
+        # fraction is the larger known.
+        by_address: dict[str, list] = {}
         for k, address in enumerate(addresses):
             done = completed[k] if k < len(completed) else 0
             before = recent[0][3][k] if recent and k < len(recent[0][3]) else 0
             rate = (done - before) / span if span > 0 else 0.0
-            entry = by_address.setdefault(address, [0, 0.0])
+            known = busy[k] if k < len(busy) and not math.isnan(busy[k]) else None
+            entry = by_address.setdefault(address, [0, 0.0, None])
             entry[0] += done
             entry[1] += rate
+            if known is not None and (entry[2] is None or known > entry[2]):
+                entry[2] = known
         return LoaderStats(
             rank=self.rank, offloaded=self._offloaded, time=last[0], steps=steps,
             stall_seconds_total=stall_total, step_seconds_total=step_total,
@@ -183,7 +194,7 @@ class Recorder:
             stall_ratio=stall_sum / step_sum if step_sum > 0 else 0.0,
             batches_in_flight=in_flight, prefetch=self.prefetch, offloaders_live=live,
             leases_issued=issued, leases_reissued=reissued,
-            offloaders=tuple(OffloaderStats(a, int(n), r, None) for a, (n, r) in by_address.items()),
+            offloaders=tuple(OffloaderStats(a, int(n), r, b) for a, (n, r, b) in by_address.items()),
         )
 
 
@@ -216,8 +227,8 @@ _OFFLOADER_METRICS = (
      lambda o: o.batches),
     ("dlop_offloader_batches_per_second", "gauge", "Batches per second the offloader completed for this rank, "
      "over the window.", lambda o: o.batches_per_second),
-    ("dlop_offloader_busy_ratio", "gauge", "Share of its time the offloader spent making batches "
-     "(absent until the offloader reports it).", lambda o: o.busy_fraction),
+    ("dlop_offloader_busy_ratio", "gauge", "Share of its last few seconds the offloader spent making batches, "
+     "as its latest batch reported it (absent before that batch, or once it died).", lambda o: o.busy_fraction),
 )
 
 

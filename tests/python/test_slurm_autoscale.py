@@ -89,7 +89,7 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel(cluster, fle
         assert act.size() == 1 and act.jobs() == []
         said = act.scale(3)
         jobs = act.jobs()
-        assert said == f"slurm: submitted offloader jobs {jobs[0]}, {jobs[1]} ({name}): fleet 1 -> 3"
+        assert said == f"submitted offloader jobs {jobs[0]}, {jobs[1]} ({name}): fleet 1 -> 3"
         assert act.size() == 3
         assert _squeue(cluster, name) == sorted((job, name) for job in jobs)  # the actuator's jobs, no other
         outputs = [tmp_path / f"{name}-{job}.out" for job in jobs]
@@ -106,7 +106,7 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel(cluster, fle
         assert act.check() == []
 
         said = act.scale(1)
-        assert said == (f"slurm: stopping offloader jobs {jobs[1]}, {jobs[0]} (scancel --batch --signal=TERM: "
+        assert said == (f"stopping offloader jobs {jobs[1]}, {jobs[0]} (scancel --batch --signal=TERM: "
                         "they drain, then end): fleet 3 -> 1")  # the newest first
         assert act.size() == 1 and act.jobs() == []
         wait_for(lambda: _squeue(cluster, name) == [], DEADLINE, "the stopped jobs to leave squeue", outputs)
@@ -115,7 +115,7 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel(cluster, fle
             assert _ended(cluster, job) == ("COMPLETED", "0:0")  # `dlop offloader` and its daemon exited 0
             assert "offloader: drained: 0 batches sent since SIGTERM, 0 leases refused; exiting" in output.read_text()
         assert act.check() == []
-        assert act.scale(0) == "slurm: fleet at 1"  # the floor stays
+        assert act.scale(0) == "fleet at 1"  # the floor stays
     finally:
         act.close()
     assert _squeue(cluster, name) == []
@@ -124,13 +124,13 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel(cluster, fle
 def test_sbatch_failing_names_the_command_and_its_message_and_keeps_the_fleet(cluster, fleet, tmp_path):
     name = "dlop-offloader-fails"
     act = _actuator(fleet, tmp_path, name, sbatch_args=["--partition=nosuch"])
-    with pytest.raises(ActuatorError, match=r"slurm: `sbatch --partition=nosuch --parsable .*` failed \(exit 1\): "
+    with pytest.raises(ActuatorError, match=r"`sbatch --partition=nosuch --parsable .*` failed \(exit 1\): "
                                             r".*Invalid partition name specified"):
         act.scale(3)
     assert act.size() == 1 and _squeue(cluster, name) == []
 
     act = _actuator(fleet, tmp_path, name, env={**fleet[3], "PATH": str(tmp_path)})
-    with pytest.raises(ActuatorError, match=rf"slurm: sbatch is not on PATH \({tmp_path}\): `sbatch --parsable "):
+    with pytest.raises(ActuatorError, match=rf"sbatch is not on PATH \({tmp_path}\): `sbatch --parsable "):
         act.scale(2)
     assert act.size() == 1
 

@@ -167,8 +167,8 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel_and_squeue_a
         # Costly: from its first offloader job the fleet grows to 3, and squeue lists exactly those 3, running.
         wait_for(lambda: fleet.settled(lambda n: n == 3), DEADLINE, "the fleet to grow to 3 and hold", [err],
                  interval=0.25)
-        first = re.search(rf"slurm fleet: slurm: submitted offloader jobs (\d+) \({name}\): fleet 0 -> 1", log())
-        grown = re.search(rf"growing 1 -> 3; slurm: slurm: submitted offloader jobs (\d+), (\d+) \({name}\): "
+        first = re.search(rf"slurm fleet: submitted offloader jobs (\d+) \({name}\): fleet 0 -> 1", log())
+        grown = re.search(rf"growing 1 -> 3; slurm: submitted offloader jobs (\d+), (\d+) \({name}\): "
                           r"fleet 1 -> 3", log())
         assert first and grown, log()
         jobs = [first.group(1), grown.group(1), grown.group(2)]
@@ -183,7 +183,7 @@ def test_the_fleet_grows_through_sbatch_and_shrinks_through_scancel_and_squeue_a
                  "the fleet to shrink and hold", [err], interval=0.25)
         size = fleet.size
         # 3 -> 1 at once where the estimate says so; each shrink stops the newest jobs first.
-        shrinks = re.findall(r"shrinking (\d) -> (\d); slurm: slurm: stopping offloader jobs ([\d, ]+) "
+        shrinks = re.findall(r"shrinking (\d) -> (\d); slurm: stopping offloader jobs ([\d, ]+) "
                              r"\(scancel --batch --signal=TERM: they drain, then end\)", log())
         assert [int(a) for a, _, _ in shrinks] == [3] + [int(b) for _, b, _ in shrinks[:-1]], log()
         assert int(shrinks[-1][1]) == size

@@ -117,15 +117,15 @@ class SlurmActuator(Actuator):
         target, before = max(target, self._floor), self.size()
         if target > before:
             added = [self._submit() for _ in range(target - before)]
-            return f"slurm: submitted offloader jobs {', '.join(added)} ({self.job_name}): fleet {before} -> {target}"
+            return f"submitted offloader jobs {', '.join(added)} ({self.job_name}): fleet {before} -> {target}"
         if target < before:
             states = self._states(self._live)
             # Pending jobs give nothing yet: they go first, then the newest running ones.
             order = sorted(reversed(self._live), key=lambda j: states.get(j.id, ("",))[0] not in NOT_STARTED)
             stopped = [self._stop(job, states.get(job.id)) for job in order[:before - target]]
-            return (f"slurm: stopping offloader jobs {', '.join(stopped)} (scancel --batch --signal=TERM: they "
+            return (f"stopping offloader jobs {', '.join(stopped)} (scancel --batch --signal=TERM: they "
                     f"drain, then end): fleet {before} -> {target}")
-        return f"slurm: fleet at {before}"
+        return f"fleet at {before}"
 
     def check(self) -> list[str]:
         try:
@@ -181,7 +181,7 @@ class SlurmActuator(Actuator):
                 failed.append(f"scancel {job.id}")
         self._stopping = []
         if failed:
-            raise ActuatorError(f"slurm: offloader jobs may still run: {'; '.join(failed)}")
+            raise ActuatorError(f"offloader jobs may still run: {'; '.join(failed)}")
 
     # ------------------------------------------------ sbatch, squeue, scancel
 
@@ -190,14 +190,14 @@ class SlurmActuator(Actuator):
             done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=self.command_timeout,
                                   stdin=subprocess.DEVNULL)
         except FileNotFoundError:
-            raise ActuatorError(f"slurm: {argv[0]} is not on PATH ({self.env.get('PATH', '')}): "
+            raise ActuatorError(f"{argv[0]} is not on PATH ({self.env.get('PATH', '')}): "
                                 f"`{shlex.join(argv)}` cannot run") from None
         except subprocess.TimeoutExpired:
-            raise ActuatorError(f"slurm: `{shlex.join(argv)}` did not answer within {self.command_timeout:g} s") \
+            raise ActuatorError(f"`{shlex.join(argv)}` did not answer within {self.command_timeout:g} s") \
                 from None
         if check and done.returncode != 0:
             said = (done.stderr.strip() or done.stdout.strip()).replace("\n", "; ")
-            raise ActuatorError(f"slurm: `{shlex.join(argv)}` failed (exit {done.returncode}): {said}")
+            raise ActuatorError(f"`{shlex.join(argv)}` failed (exit {done.returncode}): {said}")
         return done
 
     def _submit(self) -> str:
@@ -212,7 +212,7 @@ class SlurmActuator(Actuator):
         done = self._run(argv)
         job = done.stdout.strip().split(";")[0]
         if not job.isdigit():
-            raise ActuatorError(f"slurm: `{shlex.join(argv)}` printed {done.stdout.strip()!r}, not a job id")
+            raise ActuatorError(f"`{shlex.join(argv)}` printed {done.stdout.strip()!r}, not a job id")
         self._live.append(_Job(job, time.monotonic(), self.output_dir / f"{self.job_name}-{job}.out"))
         return job
 
@@ -223,7 +223,7 @@ class SlurmActuator(Actuator):
         done = self._run(["squeue", "--noheader", "--states=all", "--format=%i|%T|%r",
                           "--jobs=" + ",".join(j.id for j in jobs)], check=False)
         if done.returncode != 0 and "Invalid job id" not in done.stderr:  # squeue's answer when none is left
-            raise ActuatorError(f"slurm: squeue failed (exit {done.returncode}): {done.stderr.strip()}")
+            raise ActuatorError(f"squeue failed (exit {done.returncode}): {done.stderr.strip()}")
         rows = (line.split("|") for line in done.stdout.splitlines() if line.count("|") == 2)
         return {job: (state, reason) for job, state, reason in rows}
 
@@ -235,7 +235,7 @@ class SlurmActuator(Actuator):
             if done.returncode != 0:  # refused, as for a job that is not running (any more)
                 now = self._states([job]).get(job.id, (None,))[0]
                 if now not in (None, "COMPLETING", *ENDED, *NOT_STARTED):
-                    raise ActuatorError(f"slurm: `scancel --batch --signal=TERM {job.id}` failed (exit "
+                    raise ActuatorError(f"`scancel --batch --signal=TERM {job.id}` failed (exit "
                                         f"{done.returncode}, job {now}): {done.stderr.strip()}")
         if now in NOT_STARTED:
             self._run(["scancel", job.id])

@@ -22,6 +22,7 @@ keeps it until Ctrl-C (``export SLURM_CONF=DIR/slurm.conf`` to use it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -48,6 +49,22 @@ def unavailable() -> str | None:
     if missing:
         return f"not installed: {', '.join(missing)} (scripts/setup-system.sh installs slurmctld, slurmd, munge)"
     return None
+
+
+@contextlib.contextmanager
+def for_module(tmp_path_factory, nodes: int):
+    """A test module's cluster of `nodes` nodes, or a skip naming what it lacks (root, SLURM's
+    packages, a built dlop-offloader and dlop._C)."""
+    import pytest
+
+    why_not = unavailable()
+    if why_not:
+        pytest.skip(why_not)
+    if not os.access(Path(sys.executable).parent / "dlop-offloader", os.X_OK):
+        pytest.skip("dlop-offloader is not built (make build)")
+    pytest.importorskip("dlop._C")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=nodes) as cluster:
+        yield cluster
 
 
 def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:

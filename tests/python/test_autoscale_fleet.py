@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import costly_dataset
+
 from processes import offloader
 
 pytest.importorskip("torch")
@@ -26,22 +28,7 @@ pytest.importorskip("torch")
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.long_file(seconds=90)
 
-SCRIPT = r'''
-import hashlib, json, sys, time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-class Costly(Dataset):  # defined in __main__: it reaches the offloaders' workers by value
-    def __init__(self, cost_file, n):
-        self.cost_file, self.n = cost_file, n
-    def __len__(self):
-        return self.n
-    def __getitem__(self, i):
-        with open(self.cost_file) as f:
-            time.sleep(float(f.read() or 0))
-        g = torch.Generator().manual_seed(i)
-        return torch.rand(8, generator=g), i
-
+SCRIPT = costly_dataset.HEAD + r'''
 cost_file, step, cheap_at, total = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 loader = DataLoader(Costly(cost_file, 400), batch_size=4, shuffle=True)
 epochs, stalls, k = [], [], 0

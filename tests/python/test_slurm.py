@@ -49,12 +49,7 @@ pytestmark = pytest.mark.long_file(seconds=120)  # handed out first (conftest.py
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why_not = slurm_cluster.unavailable()
-    if why_not:
-        pytest.skip(why_not)
-    if not os.access(BIN / "dlop-offloader", os.X_OK):
-        pytest.skip("dlop-offloader is not built (make build)")
-    with slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2) as c:
+    with slurm_cluster.for_module(tmp_path_factory, nodes=2) as c:
         yield c
 
 

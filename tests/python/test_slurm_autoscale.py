@@ -39,11 +39,7 @@ pytestmark = pytest.mark.long_file(seconds=20)  # handed out first (conftest.py)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why_not = slurm_cluster.unavailable()
-    if why_not:
-        pytest.skip(why_not)
-    pytest.importorskip("dlop._C")
-    with slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2) as c:
+    with slurm_cluster.for_module(tmp_path_factory, nodes=2) as c:
         yield c
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+import costly_dataset
+
 torch = pytest.importorskip("torch")
 
 import slurm_cluster  # noqa: E402
@@ -40,22 +42,7 @@ SETTLE = 4.0  # seconds a fleet size must hold before squeue is compared with it
 
 pytestmark = pytest.mark.long_file(seconds=60)  # handed out first (conftest.py)
 
-SCRIPT = r'''
-import hashlib, json, os, sys, time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-class Costly(Dataset):  # defined in __main__: it reaches the offloaders' workers by value
-    def __init__(self, cost_file, n):
-        self.cost_file, self.n = cost_file, n
-    def __len__(self):
-        return self.n
-    def __getitem__(self, i):
-        with open(self.cost_file) as f:
-            time.sleep(float(f.read() or 0))
-        g = torch.Generator().manual_seed(i)
-        return torch.rand(8, generator=g), i
-
+SCRIPT = costly_dataset.HEAD + r'''
 cost_file, step, stop_file, most = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 loader = DataLoader(Costly(cost_file, 48), batch_size=4, shuffle=True)
 epochs = []
@@ -76,14 +63,8 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why_not = slurm_cluster.unavailable()
-    if why_not:
-        pytest.skip(why_not)
-    if not os.access(BIN / "dlop-offloader", os.X_OK):
-        pytest.skip("dlop-offloader is not built (make build)")
-    pytest.importorskip("dlop._C")
     # n1 for the trainer; n2 and n3 (a CPU a job, 2 CPUs a node at least) for 3 offloader jobs.
-    with slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=3) as c:
+    with slurm_cluster.for_module(tmp_path_factory, nodes=3) as c:
         yield c
 
 

@@ -16,6 +16,7 @@ pytest.importorskip("dlop._C")
 
 from bench import netns  # noqa: E402  (after the skips: it needs nothing, the run needs them)
 
+pytestmark = pytest.mark.long_file(seconds=75)  # handed out first (conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("samples_per_s", "stall_s", "stall_ratio", "core_seconds", "phases", "recover_steps", "trace", "daemons",
           "decisions")

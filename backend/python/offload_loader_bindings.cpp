@@ -95,6 +95,10 @@ void bind_offload_loader(py::module_& root) {
       .def("batch_count", &EpochPlan::batch_count)
       .def("shards_digest", &EpochPlan::shards_digest);
 
+  py::class_<PreparedDaemon, std::shared_ptr<PreparedDaemon>>(
+      m, "PreparedDaemon", "a daemon LeaseManager.prepare_daemon connected and configured, for adopt_daemon")
+      .def_property_readonly("address", &PreparedDaemon::address);
+
   py::class_<LeaseManager, std::shared_ptr<LeaseManager>>(m, "LeaseManager",
                                                           "leases this rank's batches to dlop-offloaders")
       .def(py::init([](const std::string& source, const std::string& transform, std::uint64_t seed,
@@ -134,6 +138,21 @@ void bind_offload_loader(py::module_& root) {
            py::arg("pacer") = std::shared_ptr<DataPacer>(), py::arg("shard_sizes") = std::vector<std::uint64_t>{})
       .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
+      .def(
+          "prepare_daemon",
+          [](const LeaseManager& manager, const std::string& host, std::uint16_t port) {
+            const pid_t owner = ::getpid();  // as for the manager: a forked copy is never destroyed
+            return std::shared_ptr<PreparedDaemon>(new PreparedDaemon(manager.prepare_daemon(host, port)),
+                                                   [owner](PreparedDaemon* p) {
+                                                     if (::getpid() == owner) delete p;
+                                                   });
+          },
+          py::arg("host"), py::arg("port"), py::call_guard<py::gil_scoped_release>(),
+          "add_daemon's slow half (connect, configure), safe on another thread than next()'s")
+      .def(
+          "adopt_daemon", [](LeaseManager& manager, PreparedDaemon& d) { manager.adopt_daemon(std::move(d)); },
+          py::arg("daemon"), py::call_guard<py::gil_scoped_release>(),
+          "add_daemon's other half, on next()'s thread: the prepared daemon gets work from the next next()")
       .def("live_daemons", &LeaseManager::live_daemons)
       .def("set_epoch", &LeaseManager::set_epoch, py::arg("epoch"), py::call_guard<py::gil_scoped_release>())
       .def(

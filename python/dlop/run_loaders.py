@@ -140,11 +140,9 @@ class _Offloaded:
             if address in self.used or not self.off.offloaded:
                 continue
             self.used.add(address)
-            try:
-                self.off.add_offloader(address)
-                print(f"dlop run: offloader {address} joined", file=sys.stderr, flush=True)
-            except Exception as e:  # an unreachable joiner costs nothing but this line
-                print(f"dlop run: offloader {address} announced but not usable: {e}", file=sys.stderr, flush=True)
+            # Connecting and configuring take seconds (a daemon starts its Python workers): not on the
+            # training loop's time. It gets work between two batches once ready.
+            self.off.add_offloader(address, wait=False, joined=_say_joined)
 
     def batches(self, loader):
         from torch.utils.data.distributed import DistributedSampler
@@ -170,6 +168,13 @@ class _Offloaded:
             if _watchers:
                 self._add_joined()
             yield batch
+
+
+def _say_joined(address: str, error) -> None:
+    if error is None:
+        print(f"dlop run: offloader {address} joined", file=sys.stderr, flush=True)
+    else:  # an unreachable joiner costs nothing but this line
+        print(f"dlop run: offloader {address} announced but not usable: {error}", file=sys.stderr, flush=True)
 
 
 def _busiest_stats():

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from processes import Daemon
+from processes import Daemon, wait_for
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -327,3 +327,38 @@ def test_batches_arrive_on_the_gpu_equal_to_the_cpu_ones(daemons):
     for g, w in zip(got, want):
         assert torch.equal(g["image"].cpu(), w["image"]) and torch.equal(g["half"].cpu(), w["half"])
         assert torch.equal(g["label"].cpu(), w["label"]) and g["name"] == w["name"]
+
+
+def test_a_daemon_joins_without_stopping_the_training_loop(token_file, tmp_path):
+    """add_offloader(wait=False): the joiner loads the job (here until a gate opens) while batches keep
+    coming from the first daemon; it gets work once ready, and the epoch holds every sample once."""
+    gate, loading = tmp_path / "gate", tmp_path / "loading"
+    first, second = python_daemon(token_file), python_daemon(token_file)
+    try:
+        gate.touch()
+        loader = remote(LoadsSlowly(gate, loading), [first], batch_size=1, prefetch=2)
+        gate.unlink()
+        loading.unlink()
+        said = []
+        started = time.monotonic()
+        loader.add_offloader(second.address, wait=False, joined=lambda a, e: said.append((a, e)))
+        loader.add_offloader("127.0.0.1:1", wait=False, joined=lambda a, e: said.append((a, e)))
+        assert time.monotonic() - started < 1.0
+        labels, it = [], iter(loader)
+        labels += [int(i) for i in next(it)["label"]]
+        wait_for(loading.exists, 60, "the joiner to load the job")
+        for _ in range(4):  # the joiner is stuck loading: these come from the first daemon, unhindered
+            labels += [int(i) for i in next(it)["label"]]
+        assert [a for a, _ in said] == ["127.0.0.1:1"]
+        assert "127.0.0.1:1" in str(said[0][1])
+        gate.touch()
+        for batch in it:
+            labels += [int(i) for i in batch["label"]]
+            if len(said) < 2:
+                time.sleep(0.2)  # a slow step, so that the joiner is ready before the epoch ends
+        assert sorted(labels) == list(range(37))
+        assert said[1] == (second.address, None)
+        assert [o.address for o in loader.stats().offloaders] == [first.address, second.address]
+    finally:
+        first.kill()
+        second.kill()

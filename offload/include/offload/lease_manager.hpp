@@ -6,7 +6,8 @@
 //
 // Driven by one thread (the consumer's): next() does the leasing and reads
 // the daemons' answers, so nothing races with the caller's add_daemon(),
-// restore() or release(). Only the UCX transfers move in the background: a
+// restore() or release(); prepare_daemon() alone may run on another thread.
+// Only the UCX transfers move in the background: a
 // progress thread, owned here and joined on destruction, lets a batch land
 // in its buffer while the consumer computes.
 #pragma once
@@ -140,6 +141,21 @@ struct Batch {
   std::vector<std::uint64_t> skipped;  // those left out under the skip policy
 };
 
+// A daemon connected, authenticated and configured by prepare_daemon(), not
+// used yet: adopt_daemon() gives it work.
+class PreparedDaemon {
+ public:
+  PreparedDaemon(PreparedDaemon&&) noexcept;
+  PreparedDaemon& operator=(PreparedDaemon&&) noexcept;
+  ~PreparedDaemon();
+  std::string address() const;
+
+ private:
+  friend class LeaseManager;
+  explicit PreparedDaemon(std::unique_ptr<OffloadClient> client);
+  std::unique_ptr<OffloadClient> client_;
+};
+
 class LeaseManager {
  public:
   explicit LeaseManager(LeaseOptions options);
@@ -151,6 +167,12 @@ class LeaseManager {
   // next(). Throws what OffloadClient throws, and kInvalidArgument when its
   // layout differs from the other daemons'. Any time, also mid-epoch.
   void add_daemon(const std::string& host, std::uint16_t port);
+  // add_daemon() in two halves, so that the slow one (connecting, and the
+  // daemon starting its Python workers: seconds) can run on another thread
+  // while the consumer trains: prepare_daemon() touches nothing next() uses;
+  // adopt_daemon(), on the driving thread, checks its layout and gives it work.
+  PreparedDaemon prepare_daemon(const std::string& host, std::uint16_t port) const;
+  void adopt_daemon(PreparedDaemon daemon);
   std::size_t live_daemons() const;
 
   // Starts `epoch` from its first batch; leases of the previous one are canceled.

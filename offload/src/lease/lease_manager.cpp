@@ -79,7 +79,8 @@ struct LeaseManager::Impl {
   // One worker for every daemon's client, progressed by this thread, so a
   // batch over UCX lands while the consumer is away from next() (lease ids
   // are unique across the clients, as a shared worker needs). Made with the
-  // first daemon; outlives the clients.
+  // manager, so that prepare_daemon() on another thread finds it; outlives
+  // the clients.
   std::shared_ptr<transport::ProgressThread> progress;
   std::vector<Daemon> daemons;
   struct Slot {
@@ -372,22 +373,38 @@ LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>(
   impl_->plan =
       EpochPlan{0, o.config.batch_size, o.config.seed, o.shuffle, o.drop_last, o.rank, o.world, o.shard_sizes};
   impl_->opt = std::move(options);
+  impl_->progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker(), "dlop-lease-ucx");
 }
 
 LeaseManager::~LeaseManager() = default;
 
-void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) {
-  auto& m = *impl_;
+PreparedDaemon::PreparedDaemon(std::unique_ptr<OffloadClient> client) : client_(std::move(client)) {}
+PreparedDaemon::PreparedDaemon(PreparedDaemon&&) noexcept = default;
+PreparedDaemon& PreparedDaemon::operator=(PreparedDaemon&&) noexcept = default;
+PreparedDaemon::~PreparedDaemon() = default;
+std::string PreparedDaemon::address() const { return client_ ? client_->address() : std::string(); }
+
+void LeaseManager::add_daemon(const std::string& host, std::uint16_t port) { adopt_daemon(prepare_daemon(host, port)); }
+
+PreparedDaemon LeaseManager::prepare_daemon(const std::string& host, std::uint16_t port) const {
+  const auto& m = *impl_;
   OffloadClient::Options co;
   co.name = "dlop rank " + std::to_string(m.opt.rank);
   co.timeout = m.opt.connect_timeout;
   co.python_load_timeout = std::max(m.opt.connect_timeout, m.opt.lease_timeout);
-  if (!m.progress) m.progress = std::make_shared<transport::ProgressThread>(OffloadClient::make_worker(), "dlop-lease-ucx");
   co.progress = m.progress;
   co.pacer = m.opt.pacer;
   co.direct = m.opt.direct;
   auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
-  const BatchLayout& got = client->configure(m.opt.config);
+  client->configure(m.opt.config);
+  return PreparedDaemon(std::move(client));
+}
+
+void LeaseManager::adopt_daemon(PreparedDaemon daemon) {
+  auto& m = *impl_;
+  if (!daemon.client_) throw_error(Errc::kInvalidArgument, "offload: this prepared daemon was adopted already");
+  auto client = std::move(daemon.client_);
+  const BatchLayout& got = client->layout();
   const auto& shards = m.opt.shard_sizes;
   if (const auto sum = std::accumulate(shards.begin(), shards.end(), std::uint64_t{0});
       !shards.empty() && sum != got.dataset_size) {

@@ -13,6 +13,7 @@ import collections
 import gc
 import json
 import os
+import threading
 import time
 import warnings
 from typing import Any, Iterator, Sequence
@@ -234,6 +235,8 @@ class OffloadLoader:
         self._resume: dict | None = None
         self._position = 0
         self._manager = None
+        self._joining_lock = threading.Lock()
+        self._prepared: list = []  # (address, PreparedDaemon or the error, callback) from add_offloader(wait=False)
         if token is None:
             token = os.environ.get("DLOP_OFFLOAD_TOKEN", "")
         reasons = []
@@ -282,12 +285,45 @@ class OffloadLoader:
     def offloaded(self) -> bool:
         return self._manager is not None
 
-    def add_offloader(self, address: str) -> None:
-        """Uses another daemon from the next batch on (offloaded mode only)."""
+    def add_offloader(self, address: str, wait: bool = True, joined: Any = None) -> None:
+        """Uses another daemon from the next batch on (offloaded mode only).
+
+        ``wait=False`` connects and configures it on a thread of its own (seconds, when the
+        daemon starts Python workers) while the training goes on; it gets work between two
+        batches once ready, and ``joined(address, error)`` is then called on the iterating
+        thread (``error`` None, or the exception that kept it out)."""
         if self._manager is None:
             raise RuntimeError("this OffloadLoader runs locally; offloaders can only join an offloaded one")
-        self._manager.add_daemon(*_split(address))
-        self._stats.add_address(address)
+        if wait:
+            self._manager.add_daemon(*_split(address))
+            self._stats.add_address(address)
+            return
+        manager = self._manager
+
+        def prepare() -> None:
+            try:
+                got = manager.prepare_daemon(*_split(address))
+            except Exception as e:  # reported on the iterating thread
+                got = e
+            with self._joining_lock:
+                self._prepared.append((address, got, joined))
+
+        threading.Thread(target=prepare, name="dlop-offloader-join", daemon=True).start()
+
+    def _adopt_prepared(self) -> None:
+        """Daemons that add_offloader(wait=False) prepared: they get work from the next batch."""
+        with self._joining_lock:
+            ready, self._prepared = self._prepared, []
+        for address, got, joined in ready:
+            error = got if isinstance(got, Exception) else None
+            if error is None and self._manager is not None:
+                try:
+                    self._manager.adopt_daemon(got)
+                    self._stats.add_address(address)
+                except Exception as e:
+                    error = e
+            if joined is not None:
+                joined(address, error)
 
     def stats(self) -> metrics.LoaderStats:
         """This rank's figures so far: data stall, step, batches in flight, per-offloader
@@ -363,6 +399,8 @@ class OffloadLoader:
                 if held is not None:
                     m.release(held)
                     held = None
+                if self._prepared:
+                    self._adopt_prepared()
                 try:
                     got = m.next()
                 except NoOffloaderError as e:

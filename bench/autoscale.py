@@ -205,6 +205,13 @@ def trainer(spec: dict) -> dict:
             controller = Controller(_client(address), actuator, settings, spec["window"],
                                     say=lambda line: (said.append(line), print(line, file=sys.stderr, flush=True)))
         trace = []
+
+        def adopted(a, error):
+            if error is not None:  # drained before it joined: as dlop run, a line and no more
+                print(f"offloader {a} announced but not usable: {error}", file=sys.stderr, flush=True)
+            else:  # it was prepared off the loop (as in dlop run) and works from the next batch on
+                added.append((round(time.monotonic() - begin, 3), len(trace), a))
+
         it = iter(loader)
         next(it)
         begin = time.monotonic()
@@ -215,12 +222,7 @@ def trainer(spec: dict) -> dict:
             asked = time.monotonic()
             for a in [a for a in list(joined) if a not in used]:  # joins happen between batches, as in dlop run
                 used.add(a)
-                try:
-                    loader.add_offloader(a)
-                except Exception as e:  # drained before it joined: as dlop run, a line and no more
-                    print(f"offloader {a} announced but not usable: {e}", file=sys.stderr, flush=True)
-                    continue
-                added.append((round(time.monotonic() - begin, 3), k - 1, a))  # the trace's step
+                loader.add_offloader(a, wait=False, joined=adopted)
             samples, labels = next(it)
             got = time.monotonic()
             if labels.tolist() != list(range(k * batch, (k + 1) * batch)):

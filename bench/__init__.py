@@ -20,6 +20,9 @@ dlop; dlop never imports the lab.
   DataLoader (images), torchcodec and PyAV (``--kind video``), soundfile
   (``--kind audio``); ``-m bench.offload_s3``: from an S3 store against
   webdataset.
+- ``python -m bench.autoscale``: an offloader fleet sized by dlop.scaling's
+  controller against fleets sized by hand for the peak and the average, on
+  namespace hosts, through a per-sample cost that changes mid-run.
 - ``python -m bench.train``: whole DDP steps with offloaded data against
   stock DDP, on this host or across namespace hosts (``--kind video``:
   clips; ``--device DEV``: one accelerator fed by offloaders).

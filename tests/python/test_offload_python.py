@@ -362,3 +362,25 @@ def test_a_daemon_joins_without_stopping_the_training_loop(token_file, tmp_path)
     finally:
         first.kill()
         second.kill()
+
+
+class Flipped(torch.utils.data.Dataset):
+    """Uses torchvision in the worker only when a sample is made: the worker imports it on demand,
+    through dlop's shim where this torchvision was built for another torch."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        import torchvision.transforms.functional as TF
+
+        return TF.hflip(torch.arange(6.0).reshape(1, 2, 3) + i), i
+
+
+def test_a_dataset_that_imports_torchvision_in_the_workers(daemons):
+    got = [detach(b) for b in remote(Flipped(), daemons[:1], batch_size=3, shuffle=False)]
+    images = torch.cat([g[0] for g in got])
+    labels = torch.cat([g[1] for g in got])
+    assert labels.tolist() == list(range(6))
+    want = torch.stack([(torch.arange(6.0).reshape(1, 2, 3) + i).flip(-1) for i in range(6)])
+    assert torch.equal(images, want)

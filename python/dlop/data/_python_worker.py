@@ -48,11 +48,10 @@ def main(argv: list[str]) -> int:
         import torch
         torch.set_num_threads(1)
         from dlop.data import _python_job as job
-        try:  # a torchvision built for another torch loads only through dlop's shim (as in the trainer)
-            from dlop._torchvision_compat import import_torchvision
-            import_torchvision()
-        except ImportError:
-            pass
+        # A torchvision built for another torch loads only through dlop's shim (as in the trainer);
+        # imported only if the dataset needs it: it is half of a worker's start.
+        from dlop._torchvision_compat import import_on_demand
+        import_on_demand()
         dataset, collate_fn = job.load_job(blob)
         size = len(dataset)
     except Exception as e:

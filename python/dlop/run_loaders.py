@@ -31,8 +31,8 @@ _watchers: list = []  # the discovery and fleet watchers of this process, stoppe
 _fleet_watched = False  # a fleet watcher has started (one per process: every loader shares its joins)
 _counts = {"offloaded": 0, "local": 0}  # batches yielded, by who made them
 _summary_registered = False
-_offloaded: list = []
-_publishing = False  # this process's offloaded loaders (_Offloaded), for the autoscaling figures
+_offloaded: list = []  # this process's offloaded loaders (_Offloaded), for the autoscaling figures
+_publishing = False  # the figures' publisher has started (one per process)
 
 
 def _token() -> str | None:
@@ -40,6 +40,16 @@ def _token() -> str | None:
     if path:
         return Path(path).read_text().rstrip(" \t\n\r\v\f")  # as dlop-offloader reads it
     return os.environ.get("DLOP_OFFLOAD_TOKEN")
+
+
+def _tcp_store(where: str):
+    """A client of the TCPStore at "HOST:PORT" (a connection of its own)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    host, _, port = where.rpartition(":")
+    return TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
 
 
 def _discovery_store():
@@ -51,14 +61,8 @@ def _discovery_store():
 
     where = os.environ.get("DLOP_RUN_STORE")
     if where:
-        import datetime
-
-        from torch.distributed import TCPStore
-
-        host, _, port = where.rpartition(":")
         try:
-            store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=30))
+            store = _tcp_store(where)
         except Exception as e:  # the training goes on, locally
             return None, f"the store at {where} did not answer ({e})"
     else:
@@ -129,7 +133,7 @@ class _Offloaded:
         self.iterations = 0
         _offloaded.append(self)
         if os.environ.get("DLOP_RUN_AUTOSCALE"):
-            _start_publishing()
+            _start_publishing(off.rank, off.world)
 
     def _add_joined(self) -> None:
         # On the consumer's thread, between batches: the lease manager is driven by one thread.
@@ -185,37 +189,22 @@ def _busiest_stats():
     return max(stats, key=lambda s: s.steps) if stats else None
 
 
-def _start_publishing() -> None:
+def _start_publishing(rank: int, world: int) -> None:
     """One publisher per process, on a connection of its own to the fleet's store."""
     global _publishing
     if _publishing:
         return
     _publishing = True
-    import datetime
-
-    from torch.distributed import TCPStore
-
     from dlop.scaling.figures import Publisher
 
     where = os.environ["DLOP_RUN_AUTOSCALE"]
-    host, _, port = where.rpartition(":")
     try:
-        store = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=30))
+        store = _tcp_store(where)
     except Exception as e:  # the training goes on; the fleet keeps its size
         print(f"dlop run: the fleet's store at {where} did not answer ({e}); this rank's figures are not published",
               file=sys.stderr, flush=True)
         return
-    rank, world = _rank_world()
     _watchers.append(Publisher(store, rank, world, _busiest_stats))
-
-
-def _rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _accelerator_to_pin_for():

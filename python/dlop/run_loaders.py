@@ -144,9 +144,12 @@ class _Offloaded:
             if address in self.used or not self.off.offloaded:
                 continue
             self.used.add(address)
-            # Connecting and configuring take seconds (a daemon starts its Python workers): not on the
-            # training loop's time. It gets work between two batches once ready.
-            self.off.add_offloader(address, wait=False, joined=_say_joined)
+            try:
+                self.off.add_offloader(address)
+                error = None
+            except Exception as e:  # an unreachable joiner costs nothing but a line
+                error = e
+            _say_joined(address, error)
 
     def batches(self, loader):
         from torch.utils.data.distributed import DistributedSampler
@@ -177,7 +180,7 @@ class _Offloaded:
 def _say_joined(address: str, error) -> None:
     if error is None:
         print(f"dlop run: offloader {address} joined", file=sys.stderr, flush=True)
-    else:  # an unreachable joiner costs nothing but this line
+    else:
         print(f"dlop run: offloader {address} announced but not usable: {error}", file=sys.stderr, flush=True)
 
 

@@ -421,6 +421,9 @@ class OffloadLoader:
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
+            if self._prepared and self._manager is not None:
+                # Joiners ready by the end belong to the manager now, not to whatever drops this list last.
+                self._adopt_prepared()
 
     def _batch_transcripts(self, position: int, skipped) -> list[str] | None:
         """The transcripts of the batch at `position` of this epoch's plan, less its skipped samples."""

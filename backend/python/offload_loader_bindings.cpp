@@ -16,6 +16,7 @@
 
 #include "bindings.hpp"
 #include "offload/lease_manager.hpp"
+#include "offload/protocol_messages.hpp"
 
 namespace py = pybind11;
 
@@ -79,6 +80,8 @@ py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
 void bind_offload_loader(py::module_& root) {
   // bind_offload made the submodule; these classes join it.
   py::module_ m = root.attr("offload").cast<py::module_>();
+  // The span each busy fraction a loader reports covers (dlop.scaling.controller waits it out).
+  m.attr("BUSY_WINDOW_SECONDS") = static_cast<double>(protocol::BatchReady::kBusyWindow.count());
 
   py::class_<EpochPlan>(m, "EpochPlan", "which samples make which batch of one rank in one epoch")
       .def(py::init([](std::uint64_t dataset_size, std::uint32_t batch_size, std::uint64_t seed, bool shuffle,

@@ -10,17 +10,12 @@
 #include <deque>
 #include <mutex>
 
+#include "offload/protocol_messages.hpp"
+
 namespace dlop::offload::daemon {
 
 // The metrics endpoint's dlop_offloader_busy_fraction is over this window.
 inline constexpr std::chrono::seconds kMetricsBusyWindow{5};
-// Each BATCH_READY's busy fraction is over this one. The trainer keeps the
-// latest answer's figure: a short window makes it say how busy the daemon is
-// now, so that a fleet that turned idle shows it within a few batches; a few
-// seconds still span many batches (tens of milliseconds each), so the figure
-// does not jump between 0 and 1 with whether a batch was being made at the
-// instant it was taken.
-inline constexpr std::chrono::seconds kAnswerBusyWindow{3};
 
 // The threads held over time, as a step function noted at each change, kept
 // for the last `longest`. Between two changes the thread seconds grow
@@ -149,7 +144,7 @@ class BusyMeter {
   std::size_t capacity_ = 1;
   std::size_t held_ = 0;  // threads held by the batches being made
   std::size_t running_ = 0;
-  BusyWindow window_{std::max(kMetricsBusyWindow, kAnswerBusyWindow), Clock::now()};
+  BusyWindow window_{std::max(kMetricsBusyWindow, protocol::BatchReady::kBusyWindow), Clock::now()};
 };
 
 }  // namespace dlop::offload::daemon

@@ -327,7 +327,7 @@ void Server::on_sent(std::uint64_t conn, std::uint64_t lease, protocol::BatchRea
 }
 
 void Server::reply_ready(Conn& c, protocol::BatchReady ready) {
-  ready.busy = stats_.busy.fraction(kAnswerBusyWindow);
+  ready.busy = stats_.busy.fraction(protocol::BatchReady::kBusyWindow);
   reply(c, ready);
 }
 

@@ -102,7 +102,8 @@ def test_the_fleet_grows_until_the_stall_is_gone_then_shrinks_and_every_batch_is
     assert log.index("growing") < log.index("shrinking")
     # Grown, the trainer's own stall is under the target: the 30 steps before the pipeline turned cheap.
     stalls = got["stalls"][CHEAP_AT - 30:CHEAP_AT]
-    assert sum(stalls) / (30 * STEP + sum(stalls)) < 0.05, stalls
+    decisions = "\n".join(x for x in log.splitlines() if "dlop autoscale" in x)
+    assert sum(stalls) / (30 * STEP + sum(stalls)) < 0.05, f"{stalls}\n{decisions}"
 
     pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", log)]
     assert pids and not any(_alive(p) for p in pids)  # every daemon it started is gone

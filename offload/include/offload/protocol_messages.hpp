@@ -21,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -202,9 +203,15 @@ struct BatchReady {
   std::uint32_t count = 0;        // samples in the buffer (fewer than asked when some were skipped)
   std::uint64_t bytes = 0;        // bytes sent into the buffer
   std::vector<Skipped> skipped;   // with the skip policy
-  // The share of the daemon's compute pool spent making batches over its
-  // last few seconds, when this answer left, in [0, 1]: the trainers size
-  // their fleet of daemons by it (dlop.data.autoscale).
+  // The share of the daemon's compute pool spent making batches over the
+  // kBusyWindow before this answer left, in [0, 1]: the trainers size their
+  // fleet of daemons by it (dlop.data.autoscale). A short window says how
+  // busy the daemon is now, so that a fleet that turned idle shows it within
+  // a few batches; a few seconds still span many batches, so the figure does
+  // not jump between 0 and 1 with whether one was being made at that instant.
+  // The fleet's controller waits this long after a change before it trusts
+  // the figure (dlop.scaling.controller).
+  static constexpr std::chrono::seconds kBusyWindow{3};
   double busy = 0;
   static void fields(auto& m, auto& v) {
     v("lease", m.lease);

@@ -8,7 +8,12 @@ it:
 1. reads every rank's latest figures (dlop.scaling.figures) and makes each
    rank's window from the reading before (a rank with no new steps counts as
    a rank without steps);
-2. asks :func:`dlop.data.autoscale.decide` for the target;
+2. asks :func:`dlop.data.autoscale.decide` for the target. Until the fleet
+   has been the target's size for a busy window (BUSY_WINDOW_SECONDS, plus
+   the figures' delay), the offloaders' busy fractions are withheld from it:
+   they still cover the fleet before, when new daemons were starting or the
+   trainers had stopped to join them, and would make it look idler than it
+   is (the policy then shrinks nothing, and sizes by the rates alone);
 3. takes the actuator's problems (a job that never started, a daemon that
    died): each is logged, and the policy's target becomes what the actuator
    has, with a cool-down, so that the fleet is grown again, once, only if
@@ -74,6 +79,11 @@ class Controller:
         s = self.settings
         self.state = autoscale.State(target=min(s.max, max(s.min, actuator.size())))
         self.decisions: list[Decision] = []
+        from dlop._C import offload
+
+        # Busy fractions taken before this are of another fleet (see the module's text).
+        self._settle_seconds = offload.BUSY_WINDOW_SECONDS + max(self.window, figures.INTERVAL)
+        self._changed = time.monotonic()
         self._before: dict[int, LoaderStats] = {}
         self._step = 0
         self._stop = threading.Event()
@@ -116,8 +126,14 @@ class Controller:
                                              above=0, idle=0, changed_at=self._step)
             self.say(f"dlop autoscale: {self.actuator.name}: {problem}; the fleet is {size} now")
         before = self.state.target
+        if job.live != before:
+            self._changed = time.monotonic()  # not the target's size yet: joining or draining
+        if time.monotonic() - self._changed < self._settle_seconds:
+            job = dataclasses.replace(job, busy={address: None for address in job.busy})
         self.state, target, why = autoscale.decide(self.settings, self.state, job)
         size, why, acted = self._act(target, self._step, why)
+        if target != before or acted:
+            self._changed = time.monotonic()
         decision = Decision(time.monotonic(), self._step, job.stall_ratio, job.live, self.state.target, size, why)
         self.decisions.append(decision)
         if target != before or acted:

@@ -63,13 +63,16 @@ def read(store: Any) -> dict[int, LoaderStats]:
     return out
 
 
+INTERVAL = 1.0  #: seconds between a rank's publications, by default
+
+
 class Publisher:
     """Publishes ``stats()`` (a LoaderStats, or None while there is nothing to say) as rank
     ``rank`` of ``world`` every ``interval`` seconds, from a daemon thread. A store that fails
     is logged once and tried again: nothing raises into the training loop."""
 
     def __init__(self, store: Any, rank: int, world: int, stats: Callable[[], LoaderStats | None],
-                 interval: float = 1.0) -> None:
+                 interval: float = INTERVAL) -> None:
         self.store, self.rank, self.world, self._stats = store, int(rank), int(world), stats
         self.interval = float(interval)
         self._stop = threading.Event()

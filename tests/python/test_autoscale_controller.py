@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import time
 
 import pytest
 
@@ -68,6 +69,29 @@ def test_a_stall_on_every_rank_grows_the_fleet_and_the_new_daemons_are_announced
     assert len(said) == 1 and "growing 1 -> 3" in said[0] and "local: started 2 daemon(s)" in said[0]
     assert discovery.discover(store) == actuator.addresses
     assert all(figures.decode(figures.encode(s)) == s for s in [_stats(0, 3, 0.1, 0.0, {first: 3}, busy=0.25)])
+
+
+def test_busy_fractions_count_only_once_they_cover_the_present_fleet(fleet):
+    store, actuator, said = fleet
+    actuator.scale(2)
+    a, b = actuator.addresses
+    c = Controller(store, actuator, autoscale.Settings(max=4, hysteresis=2, cooldown_steps=0), window=1, say=said.append)
+
+    def window(k: int):
+        # No stall; each daemon made 5 of the 10 batches/s the rank took and says it was busy 10% of its last seconds.
+        _publish(store, 1, [_stats(0, 10 * (k + 1), 0.1, 0.0, {a: 5 * (k + 1), b: 5 * (k + 1)}, busy=0.1)])
+        return c.tick()
+
+    # The fleet has just become 2: those seconds may be of the fleet before, so they shrink nothing.
+    decisions = [window(k) for k in range(4)]
+    assert [d.target for d in decisions] == [2] * 4 and actuator.size() == 2 and not said, said
+    from dlop._C import offload
+
+    time.sleep(offload.BUSY_WINDOW_SECONDS + 1.5)
+    decisions = [window(k) for k in range(4, 7)]
+    # 10 batches/s x 1.2 over 5 / 0.1 = 50 per daemon: one is enough.
+    assert decisions[-1].target == 1 and actuator.size() == 1, said
+    assert len(said) == 1 and "offloaders busy 10% at most for 2 windows; estimate 1: shrinking 2 -> 1" in said[0]
 
 
 def test_a_dead_daemon_is_reported_and_the_target_falls_to_the_fleet_left(fleet):

@@ -144,12 +144,9 @@ class _Offloaded:
             if address in self.used or not self.off.offloaded:
                 continue
             self.used.add(address)
-            try:
-                self.off.add_offloader(address)
-                error = None
-            except Exception as e:  # an unreachable joiner costs nothing but a line
-                error = e
-            _say_joined(address, error)
+            # Connecting and configuring take seconds (a daemon starts its Python workers): not on the
+            # training loop's time. It gets work between two batches once ready.
+            self.off.add_offloader(address, wait=False, joined=_say_joined)
 
     def batches(self, loader):
         from torch.utils.data.distributed import DistributedSampler

@@ -364,6 +364,48 @@ def test_a_daemon_joins_without_stopping_the_training_loop(token_file, tmp_path)
         second.kill()
 
 
+EXITS_WHILE_JOINING = r"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_offload_python import LoadsSlowly, SEED, TOKEN
+from dlop.data import OffloadLoader
+gate, loading = Path(sys.argv[2]), Path(sys.argv[3])
+loader = OffloadLoader(dataset=LoadsSlowly(gate, loading), seed=SEED, offloaders=[sys.argv[4]], token=TOKEN,
+                       batch_size=1, connect_timeout=60.0)
+assert loader.offloaded
+gate.unlink()
+loading.unlink()
+it = iter(loader)
+next(it)
+loader.add_offloader(sys.argv[5], wait=False)
+while not loading.exists():
+    time.sleep(0.02)
+print("exiting", flush=True)
+"""
+
+
+def test_a_script_that_ends_while_a_daemon_joins_exits_cleanly(token_file, tmp_path):
+    """The script is done while the joiner still loads the job: its exit waits for the join (then
+    drops it) rather than abort the process with the join stopped inside the native call."""
+    gate, loading = tmp_path / "gate", tmp_path / "loading"
+    first, second = python_daemon(token_file), python_daemon(token_file)
+    try:
+        gate.touch()
+        proc = subprocess.Popen([sys.executable, "-c", EXITS_WHILE_JOINING, str(Path(__file__).parent), str(gate),
+                                 str(loading), first.address, second.address],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "exiting"
+        time.sleep(0.5)  # the interpreter is finalizing, the join still in flight
+        assert proc.poll() is None
+        gate.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "terminate" not in err, err[-3000:]
+    finally:
+        first.kill()
+        second.kill()
+
+
 class Flipped(torch.utils.data.Dataset):
     """Uses torchvision in the worker only when a sample is made: the worker imports it on demand,
     through dlop's shim where this torchvision was built for another torch."""

@@ -308,7 +308,10 @@ class OffloadLoader:
             with self._joining_lock:
                 self._prepared.append((address, got, joined))
 
-        threading.Thread(target=prepare, name="dlop-offloader-join", daemon=True).start()
+        # Not a daemon thread: one the interpreter stopped at exit inside prepare_daemon (whose GIL
+        # release unwinds through C++ then) aborts the process; an exit waits for the join instead,
+        # at most the connect timeout.
+        threading.Thread(target=prepare, name="dlop-offloader-join").start()
 
     def _adopt_prepared(self) -> None:
         """Daemons that add_offloader(wait=False) prepared: they get work from the next batch."""

@@ -459,7 +459,17 @@ def test_local_offloaders_go_when_dlop_run_is_killed(setup, tmp_path, sig):
         everyone = _children(proc.pid)
         assert {pid for _, pid in daemons} < set(everyone) and len(everyone) == 3  # two daemons and the command
         proc.send_signal(sig)
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            left = {pid: Path(f"/proc/{pid}/wchan").read_text() for pid in everyone if alive(pid)}
+            proc.kill()
+            try:
+                err = proc.communicate(timeout=10)[1]
+            except subprocess.TimeoutExpired:
+                err = "(its stderr stayed open)"
+            pytest.fail(f"dlop run did not exit within 60 s of {sig.name}; alive (pid: wchan): {left}; "
+                        f"its stderr:\n{err[-4000:]}")
         if sig == signal.SIGTERM:
             assert code == 128 + signal.SIGTERM  # the command's status: killed by the forwarded SIGTERM
         elif sig == signal.SIGKILL:

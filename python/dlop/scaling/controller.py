@@ -126,7 +126,7 @@ class Controller:
                                              above=0, idle=0, changed_at=self._step)
             self.say(f"dlop autoscale: {self.actuator.name}: {problem}; the fleet is {size} now")
         before = self.state.target
-        if job.live != before:
+        if job.ranks > 0 and job.live != before:
             self._changed = time.monotonic()  # not the target's size yet: joining or draining
         if time.monotonic() - self._changed < self._settle_seconds:
             job = dataclasses.replace(job, busy={address: None for address in job.busy})

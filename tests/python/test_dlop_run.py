@@ -445,9 +445,12 @@ def test_local_offloaders_go_when_dlop_run_is_killed(setup, tmp_path, sig):
     stopped) or SIGKILL (the kernel's parent-death signal stops the daemons and the command)."""
     data, script, _ = setup
     gate = tmp_path / "never"
+    # SIGINT as a terminal gives it: a test run started in the background (a shell's `&`) ignores SIGINT,
+    # and the command would inherit that and outlive the forwarded signal.
     proc = subprocess.Popen(dlop_run("--local-offloaders", "2", "--", "python", str(script), str(data)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(TEST_GATE_MID=str(gate)))
+                            env=_env(TEST_GATE_MID=str(gate)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     everyone: list[int] = []
     try:
         line = ""

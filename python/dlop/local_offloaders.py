@@ -3,7 +3,7 @@ neither --offloaders nor --discover, and stops when the command exits.
 
 Their lifetime is bound to `dlop run`'s process three ways:
 - the command exits (or `dlop run` takes SIGINT/SIGTERM/SIGHUP, which it
-  forwards to the command): `dlop run` sends each daemon SIGTERM, waits for it,
+  forwards to the command unless it started with the signal ignored): `dlop run` sends each daemon SIGTERM, waits for it,
   then SIGKILLs one that has not exited within a few seconds;
 - `dlop run` is SIGKILLed: every daemon, and the command, was started with
   prctl(PR_SET_PDEATHSIG, SIGTERM), so the kernel sends each SIGTERM when
@@ -82,7 +82,10 @@ def run_command(command: list[str], env: dict[str, str]) -> int:
             child.send_signal(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
+        # One ignored on entry (nohup's SIGHUP, SIGINT in a shell's background job) stays ignored, as
+        # it is in the command, which inherited the ignore: forwarding it would change nothing.
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, forward)
     code = child.wait()
     return code if code >= 0 else 128 - code
 

@@ -22,7 +22,7 @@ see dlop.fleet), re-resolved every 10 s so that new addresses join.
 With none of those and without --discover, `dlop run` starts dlop-offloader
 daemons on this host (one per core the command's ranks leave spare, at least
 one; --local-offloaders N to choose) with a fresh token, runs the command as
-its child (forwarding SIGINT, SIGTERM and SIGHUP to it), stops the daemons
+its child (forwarding SIGINT, SIGTERM and SIGHUP to it, those not ignored on entry), stops the daemons
 when it exits and exits with its status; see dlop.local_offloaders for how
 they also go when `dlop run` is killed. Otherwise the command replaces this
 process (exec: signals and the exit status are the command's).

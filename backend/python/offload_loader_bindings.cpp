@@ -164,12 +164,17 @@ void bind_offload_loader(py::module_& root) {
             std::optional<Batch> b;
             {
               py::gil_scoped_release release;
-              b = self->next();
+              // A signal's Python handler (Ctrl-C, a test's timeout) runs while next() waits.
+              b = self->next([] {
+                py::gil_scoped_acquire acquire;
+                if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+              });
             }
             if (!b) return py::none();
             return batch_tuple(self, *b);
           },
-          "-> (position, images, labels, slot, skipped) viewing a pool buffer until release(slot), or None")
+          "-> (position, images, labels, slot, skipped) viewing a pool buffer until release(slot), or None; "
+          "a signal's handler runs while it waits, and what it raises leaves next()")
       .def("release", &LeaseManager::release, py::arg("slot"))
       .def("state", [](const LeaseManager& self) { return cursor_dict(self.state()); })
       .def(

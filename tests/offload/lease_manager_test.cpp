@@ -340,6 +340,53 @@ TEST_F(LeaseManagerTest, LateAnswersOfReissuedLeasesAreDropped) {
   EXPECT_EQ(sorted(drain(m, 7)), sorted(all_samples(7)));
 }
 
+// Reissuing alone would wait forever on the only daemon when it takes leases
+// and never answers: it is dropped after two lease timeouts of silence, and
+// the wait ends as with no daemon left.
+TEST_F(LeaseManagerTest, ASilentDaemonIsDroppedAndTheWaitEnds) {
+  DaemonProcess d1(1), d2(1);
+  auto o = options();
+  o.lease_timeout = 300ms;
+  o.no_daemon_timeout = 300ms;
+  LeaseManager m(o);
+  m.add_daemon("127.0.0.1", d1.port());
+  m.add_daemon("127.0.0.1", d2.port());
+  m.set_epoch(3);
+  d1.kill(SIGSTOP);  // alive, socket open, answers nothing
+  EXPECT_EQ(sorted(drain(m, 3)), sorted(all_samples(3)));
+
+  d2.kill(SIGSTOP);  // now both are silent
+  m.set_epoch(4);
+  EXPECT_THROW(
+      {
+        while (auto b = m.next()) m.release(b->slot);
+      },
+      NoOffloaderError);
+  EXPECT_EQ(m.live_daemons(), 0u);
+  d1.kill(SIGKILL);
+  d2.kill(SIGKILL);
+}
+
+// What while_waiting throws leaves next() (a signal in Python); the leases
+// stay as they were, and the epoch goes on once the daemon answers.
+TEST_F(LeaseManagerTest, WhatWhileWaitingThrowsLeavesNextAndTheEpochGoesOn) {
+  struct Interrupted {};
+  DaemonProcess d(1);
+  LeaseManager m(options());
+  m.add_daemon("127.0.0.1", d.port());
+  m.set_epoch(5);
+  d.kill(SIGSTOP);
+  int calls = 0;
+  EXPECT_THROW(m.next([&] {
+    if (++calls == 3) throw Interrupted{};
+  }),
+               Interrupted);
+  EXPECT_EQ(calls, 3);
+  d.kill(SIGCONT);
+  EXPECT_EQ(sorted(drain(m, 5)), sorted(all_samples(5)));
+  EXPECT_EQ(m.leases_reissued(), 0u);
+}
+
 TEST_F(LeaseManagerTest, NoDaemonLeftIsAnErrorAfterTheTimeout) {
   auto o = options();
   o.no_daemon_timeout = 300ms;

@@ -85,15 +85,17 @@ def _alive(pid: int) -> bool:
 
 def test_the_fleet_grows_until_the_stall_is_gone_then_shrinks_and_every_batch_is_a_fixed_fleets(tmp_path):
     offloader()
-    fixed, _ = _run(tmp_path, 0.0, "--local-offloaders", "1")
+    made = f"dlop run: {TOTAL} batches made by dlop-offloader, 0 made locally"
+    fixed, fixed_log = _run(tmp_path, 0.0, "--local-offloaders", "1")
+    assert made in fixed_log, fixed_log
     got, log = _run(tmp_path, SAMPLE, "--offloaders", "auto", "--cores", "6", "--window", "1", "--hysteresis", "2",
                     "--cooldown-steps", "15", "--stall-target", "0.05")
+    assert made in log, log
     # Bit-identical to the fixed fleet's, batch by batch; each epoch every sample once.
     assert got["epochs"] == fixed["epochs"]
     assert len(got["epochs"]) == TOTAL // 100
     for epoch in got["epochs"]:
         assert sorted(i for ids, _ in epoch for i in ids) == list(range(400))
-    assert f"dlop run: {TOTAL} batches made by dlop-offloader, 0 made locally" in log, log
 
     grew = [(int(a), int(b)) for a, b in re.findall(r"growing (\d+) -> (\d+); local: started", log)]
     shrank = [(int(a), int(b)) for a, b in re.findall(r"shrinking (\d+) -> (\d+); local: draining", log)]

@@ -6,6 +6,8 @@ resumes mid-epoch, and bad input fails with a message naming it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -428,3 +430,30 @@ def test_a_dataset_that_imports_torchvision_in_the_workers(daemons):
     assert labels.tolist() == list(range(6))
     want = torch.stack([(torch.arange(6.0).reshape(1, 2, 3) + i).flip(-1) for i in range(6)])
     assert torch.equal(images, want)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_reaches_python_while_the_loader_waits_for_a_batch(token_file):
+    """The wait for a batch runs in C++ without the GIL: a signal's Python handler (Ctrl-C, a test's
+    timeout) still runs within a moment, and what it raises leaves the loop, long before any lease
+    times out."""
+    d = python_daemon(token_file)
+    before = signal.signal(signal.SIGUSR1, lambda *_: (_ for _ in ()).throw(_Interrupted()))
+    try:
+        loader = remote(Mixed(), [d], batch_size=1, prefetch=2, lease_timeout=120.0)
+        it = iter(loader)
+        next(it)
+        d.proc.send_signal(signal.SIGSTOP)  # alive, socket open, answers nothing
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        started = time.monotonic()
+        with pytest.raises(_Interrupted):
+            for _ in it:
+                pass
+        assert time.monotonic() - started < 60
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        d.proc.send_signal(signal.SIGCONT)
+        d.kill()

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -179,8 +180,11 @@ class LeaseManager {
   void set_epoch(std::uint64_t epoch);
   // The next batch in order, or nullopt at the end of the epoch. Throws
   // NoOffloaderError when no daemon answered for no_daemon_timeout, and the daemon's
-  // error when a batch failed under the raise policy.
-  std::optional<Batch> next();
+  // error when a batch failed under the raise policy. While it waits it calls
+  // while_waiting about every 100 ms; what that throws leaves next() with the
+  // leases as they were (a later next() goes on), so a caller can give up on
+  // a signal.
+  std::optional<Batch> next(const std::function<void()>& while_waiting = {});
   // Gives a yielded batch's buffer back to the pool.
   void release(std::size_t slot);
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -60,6 +61,9 @@ struct Daemon {
   // would be handed the refused batch straight back, one round trip each.
   bool paused = false;
   std::uint64_t completed = 0;
+  // Since when it has held leases without answering any: set by its first
+  // lease after it held none, and by each answer.
+  Clock::time_point silent_since;
 };
 
 struct Lease {
@@ -197,9 +201,11 @@ struct LeaseManager::Impl {
 
   // A dead daemon writes no buffer any more: its leases' buffers are free and
   // their positions go back to pending, to be leased to someone else.
-  void on_dead(std::size_t d) {
+  void on_dead(std::size_t d) { drop(d, "is gone"); }
+
+  void drop(std::size_t d, const std::string& why) {
     daemons[d].dead = true;
-    log().warn("offload: daemon {} is gone; its leases are reissued", daemons[d].client->address());
+    log().warn("offload: daemon {} {}; its leases are reissued", daemons[d].client->address(), why);
     for (auto it = leases.begin(); it != leases.end();) {
       if (it->second.daemon != d) {
         ++it;
@@ -225,6 +231,7 @@ struct LeaseManager::Impl {
       const auto slot = free_slot();
       if (!d || !slot) return;
       const std::uint64_t id = next_lease++;
+      if (daemons[*d].client->in_flight() == 0) daemons[*d].silent_since = Clock::now();
       try {
         if (python()) {
           daemons[*d].client->produce(id, epoch, pos, batches[pos],
@@ -251,6 +258,7 @@ struct LeaseManager::Impl {
     if (it == leases.end()) return;  // cannot happen: the client reports only our leases
     const Lease l = it->second;
     leases.erase(it);
+    daemons[d].silent_since = Clock::now();
     if (c.status == Completion::Status::kReady) ++daemons[d].completed;
     daemons[d].paused = c.status == Completion::Status::kFailed && c.error_code == protocol::ErrorCode::kBusy;
     Position* p = l.generation == generation ? &positions[l.position] : nullptr;
@@ -310,6 +318,19 @@ struct LeaseManager::Impl {
       ++reissued;
       cancel_lease(id);
     }
+    // Reissuing alone would wait forever on a daemon that takes leases and
+    // never answers (its socket open, its workers stuck): after two lease
+    // timeouts of silence it is dropped, and with none left next() throws
+    // NoOffloaderError in time.
+    for (std::size_t d = 0; d < daemons.size(); ++d) {
+      auto& daemon = daemons[d];
+      if (daemon.dead || daemon.client->in_flight() == 0 || now - daemon.silent_since < 2 * opt.lease_timeout) {
+        continue;
+      }
+      drop(d, fmt::format("answered none of its leases in {} ms (two lease timeouts; a longer lease_timeout suits "
+                          "slower batches)",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(now - daemon.silent_since).count()));
+    }
   }
 
   // Reads every completion that arrived, without waiting; whether there was
@@ -364,6 +385,9 @@ struct LeaseManager::Impl {
 
   static constexpr int kSleepMs = 50;
 };
+
+// How often next() calls its while_waiting while it waits.
+constexpr std::chrono::milliseconds kWhileWaitingEvery{100};
 
 LeaseManager::LeaseManager(LeaseOptions options) : impl_(std::make_unique<Impl>()) {
   auto& o = options;
@@ -436,12 +460,17 @@ std::size_t LeaseManager::live_daemons() const {
 
 void LeaseManager::set_epoch(std::uint64_t epoch) { impl_->reset(epoch, 0); }
 
-std::optional<Batch> LeaseManager::next() {
+std::optional<Batch> LeaseManager::next(const std::function<void()>& while_waiting) {
   auto& m = *impl_;
   const auto asked = Clock::now();
   std::optional<Clock::time_point> alone_since;
+  auto looked = asked;
   m.top_up();
   while (true) {
+    if (while_waiting && Clock::now() - looked >= kWhileWaitingEvery) {
+      while_waiting();
+      looked = Clock::now();
+    }
     if (m.built && m.next >= m.positions.size()) return std::nullopt;
     if (m.built && m.positions[m.next].state == PosState::kFilled) {
       Position& p = m.positions[m.next];

@@ -40,6 +40,13 @@ bool holds_nonce(std::uint32_t pid, std::uint64_t address, const protocol::Nonce
          seen == nonce;
 }
 
+// A refused CONFIGURE: the daemon failing to connect back over UCX is its own
+// failure (kInternal, which a client may try again), anything else the client's.
+ErrorCode refusal_code(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  return error != nullptr && error->code() == Errc::kTransport ? ErrorCode::kInternal : ErrorCode::kInvalidArgument;
+}
+
 }  // namespace
 
 void Server::on_frame(Conn& c, protocol::Frame frame) {
@@ -137,7 +144,7 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
     // A bad spec, a missing source or an unusable worker address: the client
     // may try again on this connection.
     log().info("offloader: connection {}: CONFIGURE refused: {}", c.id, e.what());
-    reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+    reply(c, protocol::ErrorMsg{0, refusal_code(e), std::string(e.what()).substr(0, protocol::kMaxText)});
   }
 }
 
@@ -179,7 +186,7 @@ void Server::on_python_loads() {
     } catch (const std::exception& e) {
       c.python.reset();  // no worker outlives a refused CONFIGURE
       log().info("offloader: connection {}: CONFIGURE (Python) refused: {}", c.id, e.what());
-      reply(c, protocol::ErrorMsg{0, ErrorCode::kInvalidArgument, std::string(e.what()).substr(0, protocol::kMaxText)});
+      reply(c, protocol::ErrorMsg{0, refusal_code(e), std::string(e.what()).substr(0, protocol::kMaxText)});
     }
   }
 }

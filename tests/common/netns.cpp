@@ -70,7 +70,7 @@ NetnsHosts::NetnsHosts(int n) {
   std::vector<std::string> commands = {"ip link add " + bridge_ + " type bridge", "ip link set " + bridge_ + " up"};
   for (int i = 0; i < n; ++i) {
     const std::string& ns = names_[static_cast<std::size_t>(i)];
-    const std::string outer = tag + "v" + std::to_string(i);
+    const std::string& outer = outers_.emplace_back(tag + "v" + std::to_string(i));
     for (const std::string& c : {
              "ip netns add " + ns, "ip link add " + outer + " type veth peer name " + outer + "i",
              "ip link set " + outer + "i netns " + ns, "ip -n " + ns + " link set " + outer + "i name dl0",
@@ -89,7 +89,11 @@ NetnsHosts::NetnsHosts(int n) {
 }
 
 NetnsHosts::~NetnsHosts() {
-  for (const std::string& ns : names_) run("ip netns del " + ns);  // takes both ends of its veth
+  // Deleting a namespace takes its veth's outer end only later, in the
+  // background: a next NetnsHosts of this process (the same names) would
+  // collide with it. Deleting the outer end takes both ends now.
+  for (const std::string& outer : outers_) run("ip link del " + outer);
+  for (const std::string& ns : names_) run("ip netns del " + ns);
   run("ip link del " + bridge_);
 }
 

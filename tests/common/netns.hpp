@@ -24,7 +24,7 @@ class NetnsHosts {
   const std::string& address(int host) const { return addresses_.at(static_cast<std::size_t>(host)); }
 
  private:
-  std::vector<std::string> names_, addresses_;
+  std::vector<std::string> names_, addresses_, outers_;  // outers_: the veths' ends in this namespace
   std::string bridge_, failed_;
 };
 

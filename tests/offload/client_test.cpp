@@ -137,6 +137,28 @@ TEST_P(OffloadClientPathTest, BatchesAreBitIdenticalToTheLocalPipeline) {
   EXPECT_GT(stats.stages[4].seconds, 0.0);
 }
 
+// A worker address the daemon's UCX cannot reach (here: only the "self"
+// transport, which reaches nothing outside its process) is refused as the
+// daemon's own failure, kInternal, which a LeaseManager tries again; the
+// daemon goes on serving others.
+TEST_F(OffloadClientTest, AnUnreachableWorkerIsRefusedAsTheDaemonsFailure) {
+  DaemonProcess d(1);
+  const transport::UcxWorker only_self({.wakeup = false, .ucx_config = {{"TLS", "self"}}});
+  const auto address = only_self.address();
+  RawConn c(d.port());
+  ASSERT_TRUE(c.authenticate().has_value());
+  const protocol::Configure m{{address.begin(), address.end()}, host_identity(), folder(), spec(), {}, 1, 4};
+  c.write(c.writer.encode(MsgType::kConfigure, protocol::encode(m)));
+  const auto f = c.read_frame();
+  ASSERT_TRUE(f.has_value() && f->type == MsgType::kError);
+  const auto e = protocol::decode<protocol::ErrorMsg>(f->payload);
+  EXPECT_EQ(e.code, protocol::ErrorCode::kInternal) << e.message;
+  EXPECT_NE(e.message.find("ucp_ep_create"), std::string::npos) << e.message;
+
+  OffloadClient good("127.0.0.1", d.port(), test::kToken, {.timeout = 30s});
+  EXPECT_EQ(good.configure({folder(), spec(), 1, 4}).dataset_size, 18u);
+}
+
 // A daemon writes into a process only once that process showed it, from its
 // own memory, the random nonce of this connection's WELCOME: a pid that is
 // not the sender's, or a wrong nonce, leaves the connection on UCX, and a

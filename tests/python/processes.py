@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,13 @@ class Daemon:
         line = self.proc.stdout.readline()
         assert "listening on" in line, f"dlop-offloader did not start: {line!r}"
         self.address = "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+        # Read on, so that a full pipe never stops the daemon; UCX writes its errors there.
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def output(self) -> str:
+        """What the daemon wrote on stdout after it listened (UCX's warnings and errors)."""
+        return "".join(self.lines)
 
     def kill(self) -> None:
         import signal

@@ -72,7 +72,9 @@ def _run(tmp_path: Path, cost: float, *how: str) -> tuple[dict, str]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=_env())
     assert done.returncode == 0, f"{command} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):]), done.stderr
+    # The log: dlop run's and the daemons' stderr, then what else they wrote on stdout (UCX's errors).
+    said = "\n".join(x for x in done.stdout.splitlines() if not x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), done.stderr + said
 
 
 def _alive(pid: int) -> bool:

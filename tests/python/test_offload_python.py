@@ -158,9 +158,11 @@ def local(dataset, **kw):
 
 
 def remote(dataset, daemons, **kw) -> OffloadLoader:
-    loader = OffloadLoader(dataset=dataset, seed=SEED, offloaders=[d.address for d in daemons], token=TOKEN,
-                           connect_timeout=60.0, **kw)
-    assert loader.offloaded
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loader = OffloadLoader(dataset=dataset, seed=SEED, offloaders=[d.address for d in daemons], token=TOKEN,
+                               connect_timeout=60.0, **kw)
+    assert loader.offloaded, "\n".join([str(w.message) for w in said] + [d.output() for d in daemons])
     return loader
 
 

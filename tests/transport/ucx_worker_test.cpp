@@ -3,9 +3,15 @@
 // test_multihost's rank protocol) writes its own lines.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "transport/ucx_worker.hpp"
 
@@ -55,6 +61,53 @@ TEST(UcxWorker, ATransportSettingGivenForTheContextIsReportedOnStdout) {
   UcxWorker::Options options;
   options.ucx_config = {{"TCP_SNDBUF", "1m"}};
   EXPECT_NE(stdout_of_making_a_worker(options).find("TCP_SNDBUF"), std::string::npos);
+}
+
+// Another job's network device may go away between UCX listing the devices
+// (the context) and opening them (the worker): the worker is made anyway. In
+// a network namespace of its own, a thread adds and removes a veth with an
+// address while workers are made; every one must come up. Without the retry
+// about one in fifteen failed here with "No such device".
+TEST(UcxWorker, WorkersComeUpWhileDevicesComeAndGo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace of its own";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // UCX reads the devices' attributes in /sys/class/net, which shows the
+    // namespace that mounted it: a sysfs of this namespace's own.
+    if (::unshare(CLONE_NEWNET | CLONE_NEWNS) != 0 ||
+        std::system("mount --make-rprivate / && mount -t sysfs sysfs /sys && ip link set lo up") != 0) {
+      ::_exit(100);
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> cycles{0};
+    std::thread churn([&] {
+      while (!stop) {
+        cycles += std::system(
+                      "(ip link add dlopchurn type veth peer name dlopchurnp && "
+                      "ip addr add 10.99.0.1/24 dev dlopchurn && ip link set dlopchurn up && "
+                      "ip link set dlopchurnp up && ip link del dlopchurn) >/dev/null 2>&1") == 0;
+      }
+    });
+    int failed = 0;
+    for (int i = 0; i < 100; ++i) {
+      try {
+        UcxWorker worker(UcxWorker::Options{.wakeup = false});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "worker %d: %s\n", i, e.what());
+        ++failed;
+      }
+    }
+    stop = true;
+    churn.join();
+    ::_exit(cycles == 0 ? 101 : failed);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 100) GTEST_SKIP() << "cannot make a network namespace here";
+  ASSERT_NE(WEXITSTATUS(status), 101) << "no device came and went: ip link add ... type veth failed";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "workers that did not come up (their errors are above)";
 }
 
 }  // namespace

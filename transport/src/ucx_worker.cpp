@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -103,11 +104,33 @@ void set_tcp_defaults_in_environment() {
   });
 }
 
+// How many times a worker is made when a device went away meanwhile, and the pause between.
+constexpr int kOpenTries = 5;
+constexpr std::chrono::milliseconds kOpenPause{100};
+
 }  // namespace
 
 UcxWorker::UcxWorker() : UcxWorker(Options{}) {}
 
 UcxWorker::UcxWorker(const Options& options) {
+  // UCX lists the network devices when the context is made and opens them
+  // when the worker is: a device removed in between (another job's network
+  // namespace or veth going away) fails the worker with "No such device".
+  // A new context lists the devices as they are now.
+  for (int attempt = 1;; ++attempt) {
+    const ucs_status_t status = open(options);
+    if (status != UCS_ERR_NO_DEVICE || attempt == kOpenTries) {
+      check_ucs(status, "ucp_worker_create");
+      break;
+    }
+    std::this_thread::sleep_for(kOpenPause);
+  }
+  if (options.wakeup) check_ucs(ucp_worker_get_efd(worker_.get(), &event_fd_), "ucp_worker_get_efd");
+}
+
+ucs_status_t UcxWorker::open(const Options& options) {
+  worker_.reset();
+  context_.reset();
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   auto settings = dlop_ucx_defaults();
@@ -141,10 +164,9 @@ UcxWorker::UcxWorker(const Options& options) {
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h worker = nullptr;
-  check_ucs(ucp_worker_create(context_.get(), &worker_params, &worker), "ucp_worker_create");
-  worker_.reset(worker);
-
-  if (options.wakeup) check_ucs(ucp_worker_get_efd(worker_.get(), &event_fd_), "ucp_worker_get_efd");
+  const ucs_status_t created = ucp_worker_create(context_.get(), &worker_params, &worker);
+  if (created == UCS_OK) worker_.reset(worker);
+  return created;
 }
 
 Bytes UcxWorker::address() const {

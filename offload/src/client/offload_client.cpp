@@ -334,7 +334,9 @@ const BatchLayout& OffloadClient::configure(const OffloadConfig& config) {
                                        config.python.empty() ? options_.timeout : options_.python_load_timeout);
   if (answer.type == MsgType::kError) {
     const auto e = protocol::decode<protocol::ErrorMsg>(answer.payload);
-    throw_error(Errc::kInvalidArgument, "dlop-offloader at " + address_ + " refused the configuration: " + e.message);
+    // kInternal: the daemon could not connect back to this worker (kTransport, worth another try).
+    throw_error(e.code == protocol::ErrorCode::kInternal ? Errc::kTransport : Errc::kInvalidArgument,
+                "dlop-offloader at " + address_ + " refused the configuration: " + e.message);
   }
   const auto configured = protocol::decode<protocol::Configured>(answer.payload);
   if (configured.direct && m.pid == 0) fail(Errc::kProtocol, "CONFIGURED direct writes that were not offered");

@@ -386,6 +386,10 @@ struct LeaseManager::Impl {
   static constexpr int kSleepMs = 50;
 };
 
+// A daemon that could not connect back over UCX is asked this many times, this far apart.
+constexpr int kConfigureTries = 3;
+constexpr std::chrono::milliseconds kConfigurePause{500};
+
 // How often next() calls its while_waiting while it waits.
 constexpr std::chrono::milliseconds kWhileWaitingEvery{100};
 
@@ -419,9 +423,23 @@ PreparedDaemon LeaseManager::prepare_daemon(const std::string& host, std::uint16
   co.progress = m.progress;
   co.pacer = m.opt.pacer;
   co.direct = m.opt.direct;
-  auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
-  client->configure(m.opt.config);
-  return PreparedDaemon(std::move(client));
+  const auto deadline = Clock::now() + m.opt.connect_timeout;
+  for (int attempt = 1;; ++attempt) {
+    auto client = std::make_unique<OffloadClient>(host, port, m.opt.token, co);
+    try {
+      client->configure(m.opt.config);
+      return PreparedDaemon(std::move(client));
+    } catch (const Error& e) {
+      // The daemon's UCX could not reach this worker ("Destination is
+      // unreachable"). Seen only while many other jobs started and stopped on
+      // the host, cause unknown: one failed connection does not lose a daemon.
+      if (e.code() != Errc::kTransport || attempt == kConfigureTries || Clock::now() + kConfigurePause > deadline) {
+        throw;
+      }
+      log().warn("offload: {}; trying again ({} of {})", e.what(), attempt + 1, kConfigureTries);
+      std::this_thread::sleep_for(kConfigurePause);
+    }
+  }
 }
 
 void LeaseManager::adopt_daemon(PreparedDaemon daemon) {

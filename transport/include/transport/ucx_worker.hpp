@@ -72,6 +72,9 @@ class UcxWorker {
   struct ContextDeleter { void operator()(ucp_context*) const; };
   struct WorkerDeleter { void operator()(ucp_worker*) const; };
 
+  // Makes the context and the worker; the worker's status (the context's failures throw).
+  ucs_status_t open(const Options& options);
+
   std::unique_ptr<ucp_context, ContextDeleter> context_;
   std::unique_ptr<ucp_worker, WorkerDeleter> worker_;
   int event_fd_ = -1;

@@ -134,7 +134,7 @@ test-cpp: build
 # stay on one worker, which starts the file's servers and ranks once.
 # --durations: the slowest 30 tests, so where the suite's time goes is in every log.
 PYTEST_ARGS ?= -n $(JOBS) --dist loadfile --durations=30
-# Tests marked "alone" measure time: they run afterwards, one at a time.
+# Tests marked "alone" measure time or count machine-wide state: they run afterwards, one at a time.
 test-python: build
 	@if [ -d tests/python ]; then \
 	  echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python && \

@@ -95,6 +95,7 @@ struct LeaseManager::Impl {
   // start empty and grow to the largest batch they were asked to hold.
   std::vector<Slot> slots;
   std::vector<bool> slot_free;
+  std::vector<Slot> retired;  // see retire()
   std::map<std::uint64_t, Lease> leases;
   std::uint64_t epoch = 0, generation = 0, next = 0, next_lease = 1;
   std::uint64_t issued = 0, reissued = 0;
@@ -105,6 +106,7 @@ struct LeaseManager::Impl {
   ~Impl() {
     daemons.clear();  // each client waits until no buffer of ours can be written
     for (Slot& s : slots) free_slot_memory(s);
+    for (Slot& s : retired) free_slot_memory(s);
   }
 
   static void free_slot_memory(Slot& s) {
@@ -182,6 +184,15 @@ struct LeaseManager::Impl {
     build();
   }
 
+  // A slot whose memory a dropped daemon may still write: that memory is set
+  // aside until the manager goes, and the slot gets memory of its own.
+  void retire(std::size_t slot) {
+    retired.push_back(slots[slot]);
+    slots[slot] = Slot{};
+    if (!python()) allocate(slots[slot], layout->batch_bytes);
+    slot_free[slot] = true;
+  }
+
   std::optional<std::size_t> free_slot() const {
     for (std::size_t i = 0; i < slot_free.size(); ++i) {
       if (slot_free[i]) return i;
@@ -201,9 +212,11 @@ struct LeaseManager::Impl {
 
   // A dead daemon writes no buffer any more: its leases' buffers are free and
   // their positions go back to pending, to be leased to someone else.
-  void on_dead(std::size_t d) { drop(d, "is gone"); }
+  void on_dead(std::size_t d) { drop(d, "is gone", false); }
 
-  void drop(std::size_t d, const std::string& why) {
+  // `alive`: the daemon may still write the buffers of its leases (dropped
+  // for its silence, not for a closed connection).
+  void drop(std::size_t d, const std::string& why, bool alive) {
     daemons[d].dead = true;
     log().warn("offload: daemon {} {}; its leases are reissued", daemons[d].client->address(), why);
     for (auto it = leases.begin(); it != leases.end();) {
@@ -211,7 +224,11 @@ struct LeaseManager::Impl {
         ++it;
         continue;
       }
-      slot_free[it->second.slot] = true;
+      if (alive) {
+        retire(it->second.slot);
+      } else {
+        slot_free[it->second.slot] = true;
+      }
       if (it->second.generation == generation) {
         auto& p = positions[it->second.position];
         if (p.state == PosState::kLeased && p.lease == it->first) {
@@ -327,9 +344,11 @@ struct LeaseManager::Impl {
       if (daemon.dead || daemon.client->in_flight() == 0 || now - daemon.silent_since < 2 * opt.lease_timeout) {
         continue;
       }
-      drop(d, fmt::format("answered none of its leases in {} ms (two lease timeouts; a longer lease_timeout suits "
-                          "slower batches)",
-                          std::chrono::duration_cast<std::chrono::milliseconds>(now - daemon.silent_since).count()));
+      drop(d,
+           fmt::format("answered none of its leases in {} ms (two lease timeouts; a longer lease_timeout suits "
+                       "slower batches)",
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now - daemon.silent_since).count()),
+           true);
     }
   }
 

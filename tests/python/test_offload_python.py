@@ -438,12 +438,16 @@ class _Interrupted(Exception):
     pass
 
 
+def _interrupt(*_) -> None:
+    raise _Interrupted
+
+
 def test_a_signal_reaches_python_while_the_loader_waits_for_a_batch(token_file):
     """The wait for a batch runs in C++ without the GIL: a signal's Python handler (Ctrl-C, a test's
     timeout) still runs within a moment, and what it raises leaves the loop, long before any lease
     times out."""
     d = python_daemon(token_file)
-    before = signal.signal(signal.SIGUSR1, lambda *_: (_ for _ in ()).throw(_Interrupted()))
+    before = signal.signal(signal.SIGUSR1, _interrupt)
     try:
         loader = remote(Mixed(), [d], batch_size=1, prefetch=2, lease_timeout=120.0)
         it = iter(loader)

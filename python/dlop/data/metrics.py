@@ -85,6 +85,8 @@ class LoaderStats:
     leases_issued: int
     leases_reissued: int  #: leases lost (a daemon died, failed a batch or timed out) and leased again
     offloaders: tuple[OffloaderStats, ...] = ()
+    #: samples left out of their batches as unreadable (``on_error="skip"``), since the loader was made
+    samples_skipped: int = 0
 
 
 class Recorder:
@@ -108,6 +110,7 @@ class Recorder:
         self._last = (0.0, 0.0, 0.0)  # (time, stall, step)
         # Per step: (time handed out, stall, step, completed per daemon).
         self._recent: collections.deque = collections.deque(maxlen=_WINDOW_STEPS)
+        self._skipped = 0
 
     def add_address(self, address: str) -> None:
         """A daemon the lease manager took (in its add_daemon order)."""
@@ -146,6 +149,11 @@ class Recorder:
         self._live = 0
         self._in_flight = int(in_flight)
 
+    def skipped(self, count: int) -> None:
+        """Samples a batch left out as unreadable (the skip policy)."""
+        with self._lock:
+            self._skipped += int(count)
+
     def step(self, asked: float, got: float) -> None:
         """The training loop asked for a batch at ``asked`` and got it at ``got`` (perf_counter)."""
         stall = got - asked
@@ -166,6 +174,7 @@ class Recorder:
             addresses, completed, busy = list(self._addresses), self._completed, self._busy
             steps, stall_total, step_total, last = self._steps, self._stall_total, self._step_total, self._last
             issued, reissued, live, in_flight = self._issued, self._reissued, self._live, self._in_flight
+            skipped = self._skipped
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         # The window's steps: those after its first sample (whose rates start there).
         counted = recent[1:] if len(recent) > 1 else recent
@@ -195,6 +204,7 @@ class Recorder:
             batches_in_flight=in_flight, prefetch=self.prefetch, offloaders_live=live,
             leases_issued=issued, leases_reissued=reissued,
             offloaders=tuple(OffloaderStats(a, int(n), r, b) for a, (n, r, b) in by_address.items()),
+            samples_skipped=skipped,
         )
 
 
@@ -221,6 +231,8 @@ _LOADER_METRICS = (
     ("dlop_data_leases_issued_total", "counter", "Leases given to offloaders.", lambda s: s.leases_issued),
     ("dlop_data_leases_reissued_total", "counter",
      "Leases lost (offloader died, failed or timed out) and leased again.", lambda s: s.leases_reissued),
+    ("dlop_data_samples_skipped_total", "counter", "Samples left out of their batches as unreadable "
+     "(on_error=\"skip\").", lambda s: s.samples_skipped),
 )
 _OFFLOADER_METRICS = (
     ("dlop_offloader_batches_total", "counter", "Batches the offloader completed for this rank.",

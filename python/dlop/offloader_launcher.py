@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--advertise", help="host to announce (default: the listen host, or for 0.0.0.0 the "
                                             "address this machine reaches the store from)")
     parser.add_argument("--store-timeout", type=float, default=300.0, help="seconds to wait for the store (default 300)")
-    parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for the daemon to listen")
+    parser.add_argument("--start-timeout", type=float, default=30.0,
+                        help="seconds to wait for the daemon to listen (default 30)")
     args, rest = parser.parse_known_args(argv)
     listen_host, _ = _host_port(args.listen, "--listen")
     store_addr = _host_port(args.store, "--store") if args.store else None

@@ -1,12 +1,15 @@
 """A synthetic ImageNet-like image folder, generated locally (no download).
 
-    python -m dlop.data.make_dataset OUT [--kind image|video|audio] [--classes N] [--per-class N] [--seed 0]
+    dlop make-dataset OUT [--force] [--kind image|video|audio] [--classes N] [--per-class N] [--seed 0]
         [--size WxH] [--quality Q] [--jobs N]                        (images; --size also for video)
         [--seconds S] [--fps F] [--codec mix|h264] [--gop-seconds MIN,MAX] [--kbps K]   (video)
 
 ``--kind video`` and ``--kind audio`` write the built-in video and audio
 sets instead (dlop.data.make_video, dlop.data.make_audio: real codecs made
 with ffmpeg and espeak-ng; 4 classes of 4 clips by default).
+
+``OUT`` must be empty or new: ``--force`` writes into a folder that holds
+files already (those of the same names are replaced, the others stay).
 
 writes ``OUT/<class>/<class>_<i>.jpg``: JPEGs of varied sizes around 500x375
 (300-640 wide), one folder per class, the layout torchvision's ImageFolder and
@@ -160,9 +163,22 @@ def make_dataset(out: str | os.PathLike, classes: int = 10, per_class: int = 100
     return {"root": os.fspath(out), "classes": classes, "images": classes * per_class, "bytes": total}
 
 
+def _not_writable(out: str, force: bool) -> str | None:
+    """Why make-dataset must not write into `out`, or None: a dataset written over another one would be a
+    mix of both that an ImageFolder reads as one."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"{out} exists and is not a folder"
+    if not force and os.path.isdir(out) and any(os.scandir(out)):
+        return f"{out} is not empty: choose a new folder, or pass --force to write into it anyway"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlop.data.make_dataset", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", help="folder to write (created)")
+    parser = argparse.ArgumentParser(prog="dlop make-dataset", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="folder to write (created; it must be empty unless --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into a folder that is not empty (files of the same names are replaced, the "
+                             "others stay)")
     parser.add_argument("--kind", choices=("image", "video", "audio"), default="image")
     parser.add_argument("--classes", type=int, help="default: 10 for images, 4 for video and audio")
     parser.add_argument("--per-class", type=int, help="default: 100 images, 4 clips")
@@ -187,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: at least 1")
+    why = _not_writable(args.out, args.force)
+    if why:
+        parser.error(why)
     video_only = [n for n in ("seconds", "fps", "gop_seconds", "kbps") if getattr(args, n) is not None]
     if args.kind != "video" and (video_only or args.codec != "mix"):
         parser.error("--seconds, --fps, --codec, --gop-seconds and --kbps are options of --kind video")

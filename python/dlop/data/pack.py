@@ -1,6 +1,6 @@
 """Packs a folder by class (torchvision's ImageFolder layout) or a manifest into one record file.
 
-    python -m dlop.data.pack ROOT OUT [--kind image|video|audio]
+    dlop pack ROOT OUT [--kind image|video|audio]
 
 The record file (format in offload/src/source/record_format.hpp) keeps each
 file's bytes, labels, time span and relative path in the source's order,
@@ -61,7 +61,7 @@ def _pack_with_bar(pack_fn, root: str, out: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlop.data.pack", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="dlop pack", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="a folder with one sub-folder per class, or a .csv/.jsonl manifest")
     parser.add_argument("out", help="record file to write (replaced atomically), or an s3:// or http(s):// URL to "
                                     "upload it to (docs/offload.md)")

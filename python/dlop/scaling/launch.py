@@ -160,6 +160,9 @@ def run(command: list[str], env: dict[str, str], plan: Plan) -> int:
         say(f"dlop run: offloaders sized from the data stall by {plan.scaler}, {s.min} to {controller.settings.max} "
             f"(stall target {s.stall_target:.0%} of the step), every {plan.window:g} s; the fleet's store is "
             f"{store_address}")
+        if plan.scaler == "local" and plan.cores is None and controller.settings.max < s.max:
+            say(f"dlop run: at most {controller.settings.max} local offloader(s): the command's ranks leave "
+                f"{actuator.cores} core(s) of this machine spare; --cores N lets the fleet use N cores")
         controller.start()
         return run_command(command, env)
     finally:

@@ -10,6 +10,9 @@
 #      has changed (or the venv is new). See pyproject.toml for why "python
 #      part only": the C++ (executables, later dlop._C) is built by the
 #      Makefile's own CMake build in build/, not a second time by pip.
+#   4. scripts/venv_torchvision.py goes into its site-packages with a .pth
+#      line importing it, so that scripts run in the venv can `import
+#      torchvision` (PyPI's CUDA build, beside the CPU torch: see that file).
 #
 # Stamps: .stamps/<venv>.requirements and .stamps/<venv>.editable hold the
 # sha256 of the inputs of steps 2 and 3.
@@ -58,4 +61,13 @@ if [[ "$(cat "$edit_stamp" 2>/dev/null)" != "$want" ]]; then
   "$py" -m pip install --no-build-isolation --no-deps \
     --config-settings=cmake.define.DLOP_PYTHON_ONLY=ON -e .
   echo "$want" >"$edit_stamp"
+fi
+
+# 4. torchvision importable beside the CPU torch: the shim and its .pth line,
+#    rewritten only when they differ.
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if ! cmp -s scripts/venv_torchvision.py "$site/_dlop_venv_torchvision.py" ||
+   [[ "$(cat "$site/_dlop_venv_torchvision.pth" 2>/dev/null)" != "import _dlop_venv_torchvision" ]]; then
+  cp scripts/venv_torchvision.py "$site/_dlop_venv_torchvision.py"
+  echo "import _dlop_venv_torchvision" >"$site/_dlop_venv_torchvision.pth"
 fi

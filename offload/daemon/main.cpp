@@ -27,6 +27,7 @@
 int main(int argc, char** argv) {
   using namespace dlop;
   CLI::App app{"dlop-offloader: decodes, augments and collates batches for dlop trainers"};
+  app.set_version_flag("--version", "dlop-offloader " DLOP_VERSION);
   std::string listen = "127.0.0.1:0";
   std::string token_file;
   std::size_t threads = std::max(1u, std::thread::hardware_concurrency());

@@ -129,6 +129,12 @@ std::unique_ptr<Source> open_source(const fs::path& path, MediaKind kind) {
   }
   std::error_code ec;
   if (fs::is_directory(path, ec)) return std::make_unique<FolderSource>(path, kind);
+  // A path that is not there is no record file either: the message names what it is not.
+  if (!fs::exists(path, ec)) {
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("{}: no such folder or file (a source is a folder by class, a manifest, a record "
+                            "file or tar shards)", path.string()));
+  }
   if (ext == ".csv" || ext == ".jsonl") return std::make_unique<Manifest>(path);
   return std::make_unique<RecordFile>(path);
 }

@@ -48,16 +48,18 @@ then runs ``dlop.data.offload(loader)`` once for that loader (dlop.run_loaders)
 and yields its batches: the same dataset, transforms and batch size, made by
 the offloaders in dlop's seeded order (sharded across the job's ranks like a
 DistributedSampler, whose ``set_epoch`` keeps working). A loader that cannot
-be offloaded, or finds no offloader answering, runs as usual after one
-warning naming why. Each process that offloaded something prints one line at
-exit counting the batches the offloaders made.
+be offloaded, or finds no offloader serving it, runs as torch's after one
+warning naming why; with ``--strict`` its iteration raises instead, naming
+why, so the job fails rather than train on local workers unnoticed. Each
+process that iterated a DataLoader prints one line at exit counting the
+batches the offloaders made, those made locally and those torch made.
 
 ``--discover`` takes the offloaders announced in the job's c10d store (see
 ``dlop.data.discovery`` and ``dlop offloader --store``), also those that join
 later: the default process group's store, so the script must have called
 ``init_process_group`` before iterating; ``--store HOST:PORT`` names a store
 instead. Settings travel by environment: DLOP_RUN_OFFLOADERS, DLOP_RUN_DNS,
-DLOP_RUN_WAIT, DLOP_RUN_DISCOVER, DLOP_RUN_STORE, DLOP_OFFLOAD_TOKEN_FILE (or
+DLOP_RUN_WAIT, DLOP_RUN_DISCOVER, DLOP_RUN_STORE, DLOP_RUN_STRICT, DLOP_OFFLOAD_TOKEN_FILE (or
 the token in DLOP_OFFLOAD_TOKEN). ``python -S`` / ``-I`` skip sitecustomize, and with it dlop.
 """
 
@@ -96,10 +98,10 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     from dlop.data import autoscale
     from dlop.fleet import split_host_port
 
-    own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
     p = argparse.ArgumentParser(prog="dlop run", usage="dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] "
-                                "| --offloaders-dns NAME:PORT[,...] | --discover] [--token-file F] [--store HOST:PORT] "
-                                "[--wait S] -- COMMAND [ARGS...]",
+                                "| --offloaders-dns NAME:PORT[,...] | --discover] [--token-file F] [--strict] "
+                                "[--store HOST:PORT] [--wait S] -- COMMAND [ARGS...]",
                                 description="Run a training command with its DataLoaders offloaded to dlop-offloader "
                                             "daemons (those of a SLURM het job's group 1, or started on this host, "
                                             "unless named).")
@@ -110,6 +112,9 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     p.add_argument("--discover", action="store_true", help="also use the offloaders announced in the job's c10d store")
     p.add_argument("--store", help="with --discover: this TCPStore instead of the default process group's")
     p.add_argument("--token-file", help="the offloaders' shared token (default: DLOP_OFFLOAD_TOKEN)")
+    p.add_argument("--strict", action="store_true",
+                   help="a DataLoader that is not offloaded (no offloader serves it, or dlop cannot reproduce it) "
+                        "raises instead of running as torch's after a warning")
     p.add_argument("--wait", type=float, metavar="S",
                    help="seconds to wait for the first offloader to answer (default: 120 in a SLURM het job, else 0)")
     p.add_argument("--local-offloaders", type=int, metavar="N",
@@ -128,7 +133,12 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     scaling.add_argument("--advertise", help="the host the trainers and offloaders reach the fleet's store at "
                                              "(default: 127.0.0.1, or this host's name for slurm)")
     autoscale.add_arguments(scaling)
-    args = p.parse_args(own)
+    args, stray = p.parse_known_args(own)
+    if command is None and stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}; the command goes after --: "
+                f"dlop run [OPTIONS] -- {' '.join(stray)}")
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
     if not command:
         p.error("no command: put it after --, e.g. dlop run -- python train.py")
     auto = args.offloaders.strip() == "auto"
@@ -146,8 +156,10 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
         p.error(f"--wait {args.wait:g}: not negative")
     env = dict(base)
     for name in ("DLOP_RUN_DISCOVER", "DLOP_RUN_STORE", "DLOP_RUN_DNS", "DLOP_RUN_WAIT", "DLOP_RUN_AUTOSCALE",
-                 "DLOP_RUN_DISCOVER_WAIT"):
+                 "DLOP_RUN_DISCOVER_WAIT", "DLOP_RUN_STRICT"):
         env.pop(name, None)
+    if args.strict:
+        env["DLOP_RUN_STRICT"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
     if auto:
         from dlop.scaling import launch

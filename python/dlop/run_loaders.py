@@ -11,7 +11,9 @@ DLOP_RUN_WAIT, and the job's c10d store with DLOP_RUN_DISCOVER
 announcement). Offloaders that answer or are announced later join the
 running loaders between batches. With DLOP_RUN_AUTOSCALE (the fleet's store,
 ``dlop run --offloaders auto``) each process publishes the figures of its
-busiest offloaded loader there (dlop.scaling.figures).
+busiest offloaded loader there (dlop.scaling.figures). With DLOP_RUN_STRICT
+(``dlop run --strict``) a DataLoader that would run as torch's raises instead,
+and so does a loader whose offloaders are all lost mid-epoch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import sys
 import threading
 import warnings
-from pathlib import Path
 
 _busy = threading.local()  # set while dlop sets a loader up: DataLoaders it iterates then stay torch's
 _lock = threading.Lock()
@@ -29,17 +30,14 @@ _joined: list[str] = []  # addresses the discovery watcher reported, in order
 _store = None
 _watchers: list = []  # the discovery and fleet watchers of this process, stopped at exit
 _fleet_watched = False  # a fleet watcher has started (one per process: every loader shares its joins)
-_counts = {"offloaded": 0, "local": 0}  # batches yielded, by who made them
+_counts = {"offloaded": 0, "local": 0, "torch": 0}  # batches yielded by who made them; torch: DataLoaders left to it
 _summary_registered = False
 _offloaded: list = []  # this process's offloaded loaders (_Offloaded), for the autoscaling figures
 _publishing = False  # the figures' publisher has started (one per process)
 
 
-def _token() -> str | None:
-    path = os.environ.get("DLOP_OFFLOAD_TOKEN_FILE")
-    if path:
-        return Path(path).read_text().rstrip(" \t\n\r\v\f")  # as dlop-offloader reads it
-    return os.environ.get("DLOP_OFFLOAD_TOKEN")
+def _strict() -> bool:
+    return bool(os.environ.get("DLOP_RUN_STRICT"))
 
 
 def _tcp_store(where: str):
@@ -162,7 +160,7 @@ class _Offloaded:
 
     def _generate(self, pin: bool):
         pin = pin and _accelerator_to_pin_for() is not None
-        native = self.off.dataset is None
+        native = self.off.kind != "python"
         for got in self.off:
             by_daemon = self.off.offloaded
             # The OffloadLoader's tensors view buffers reused at the next step;
@@ -295,28 +293,29 @@ def _prepare(loader):
             if reason is None and not addresses:
                 reason = unanswered or "no offloader is announced in the job's store yet (dlop offloader --store ...)"
     if reason is None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                off = offload(loader, offloaders=addresses, token=_token())
-            except (ValueError, TypeError, RuntimeError, OSError) as e:
-                reason = str(e)
-        if reason is None:
-            if off.offloaded:
-                # The watcher reports the initial addresses too: _Offloaded skips them as used.
-                return _Offloaded(off, addresses)
-            reason = next((str(w.message) for w in caught if "OffloadLoader" in str(w.message)), "no offloader answered")
-        for w in caught:  # anything else said while setting up is the user's to see
-            if "OffloadLoader" not in str(w.message):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    warnings.warn(f"dlop run: this DataLoader is not offloaded and runs as usual: {reason}", RuntimeWarning, stacklevel=4)
+        try:
+            # "error": a loader no offloader serves is torch's here, not the OffloadLoader's local workers.
+            off = offload(loader, offloaders=addresses, fallback="error")
+        except (ValueError, TypeError, RuntimeError, OSError) as e:
+            reason = str(e)
+        else:
+            # Offloaders all lost later: the epoch ends on local workers, or with --strict an error.
+            off.fallback = "error" if _strict() else "warn"
+            # The watcher reports the initial addresses too: _Offloaded skips them as used.
+            return _Offloaded(off, addresses)
+    if _strict():
+        raise RuntimeError(f"dlop run --strict: this DataLoader is not offloaded: {reason}")
+    workers = loader.num_workers
+    runs = f"{workers} worker process{'es' if workers != 1 else ''}" if workers else "the main process"
+    warnings.warn(f"dlop run: this DataLoader is not offloaded ({reason}); it runs as torch's DataLoader, in {runs} "
+                  "(dlop run --strict makes this an error)", RuntimeWarning, stacklevel=4)
     return _Local(reason, addresses)
 
 
 def _summary() -> None:
-    if _counts["offloaded"] or _counts["local"]:
-        print(f"dlop run: {_counts['offloaded']} batches made by dlop-offloader, {_counts['local']} made locally "
-              f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    torch_made = f", {_counts['torch']} DataLoader iteration(s) left to torch" if _counts["torch"] else ""
+    print(f"dlop run: {_counts['offloaded']} batches made by dlop-offloader, {_counts['local']} made locally"
+          f"{torch_made} (pid {os.getpid()})", file=sys.stderr, flush=True)
     for watcher in _watchers:
         watcher.stop()
 
@@ -338,5 +337,6 @@ def iterate(loader, original):
             atexit.register(_summary)
         loader.__dict__["_dlop_run"] = state  # DataLoader.__setattr__ guards only its own fields
     if isinstance(state, _Local):
+        _counts["torch"] += 1
         return original(loader)
     return state.batches(loader)

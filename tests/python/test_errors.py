@@ -226,7 +226,7 @@ def test_offload_loader_finishes_the_epoch_locally_when_its_daemon_dies(images, 
 
     proc, port = offloader
     loader = OffloadLoader(images, SPEC, 2, shuffle=True, seed=3, offloaders=[f"127.0.0.1:{port}"], token=TOKEN,
-                           prefetch=1, no_daemon_timeout=0.3, workers=1)
+                           prefetch=1, no_daemon_timeout=0.3, workers=1, fallback="warn")
     assert loader.offloaded
     got = []
     with warnings.catch_warnings(record=True) as caught:

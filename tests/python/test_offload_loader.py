@@ -137,7 +137,7 @@ def test_resume_from_a_state_dict(dataset, daemons):
 def test_no_daemon_falls_back_locally_with_one_warning(dataset, tmp_path):
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered") as caught:
         loader = OffloadLoader(dataset, SPEC, BATCH, seed=SEED, offloaders=["127.0.0.1:1"], token=TOKEN,
-                               workers=2, connect_timeout=1.0)
+                               fallback="warn", workers=2, connect_timeout=1.0)
         loader.set_epoch(3)
         got = collect(loader)
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1

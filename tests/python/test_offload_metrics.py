@@ -123,7 +123,7 @@ def test_a_dead_offloader_shows_in_the_stats(dataset, daemons, endpoint):
 
 def test_local_batches_have_stats_too(dataset, endpoint):
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
-        loader = OffloadLoader(dataset, SPEC, BATCH, seed=5, offloaders=["127.0.0.1:1"], token=TOKEN,
+        loader = OffloadLoader(dataset, SPEC, BATCH, seed=5, offloaders=["127.0.0.1:1"], token=TOKEN, fallback="warn",
                                workers=1, connect_timeout=1.0)
     assert train(loader) == 5
     s = loader.stats()

@@ -80,7 +80,7 @@ def test_a_shard_ordered_epoch_costs_one_get_per_batch_run(shards, http, daemon)
 def test_the_local_fallback_streams_the_same_epoch(shards):
     want = shard_batches(offload.open_source(str(shards["local"])), 4)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
-        fallback = loader(shards["http"], [f"127.0.0.1:{free_port()}"], connect_timeout=1.0)
+        fallback = loader(shards["http"], [f"127.0.0.1:{free_port()}"], connect_timeout=1.0, fallback="warn")
     assert run_epoch(fallback, 4) == want
 
 

@@ -110,7 +110,7 @@ def test_local_fallback_reads_the_store(data, s3):
     want = batches(offload.open_source(str(data["local"])), 2)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
         loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
-                               token=TOKEN, connect_timeout=1.0)
+                               token=TOKEN, connect_timeout=1.0, fallback="warn")
     assert run_epoch(loader, 2) == want
 
 
@@ -209,7 +209,7 @@ def test_a_list_of_local_shards_in_the_local_fallback(shards):
     want = batches(offload.open_source(str(shards["local"])), 4)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
         loader = OffloadLoader(tars, SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
-                               token=TOKEN, connect_timeout=1.0)
+                               token=TOKEN, connect_timeout=1.0, fallback="warn")
     assert run_epoch(loader, 4) == want
 
 

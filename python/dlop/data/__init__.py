@@ -11,6 +11,10 @@ pipeline itself is in ``dlop._C.offload``. ``metrics`` holds what a loader measu
 __all__ = ["OffloadLoader", "offload"]
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str):
     # Imported on first use: `python -m dlop.data.make_dataset` needs neither torch nor the extension.
     if name == "OffloadLoader":

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from dlop import _C
-from dlop.data import _device, _python_job, metrics
+from dlop.data import _device, _loader_view, _python_job, _token, metrics
 from dlop.errors import Error, NoOffloaderError
 
 _native = _C.offload
@@ -51,6 +51,25 @@ def _engine_pacer(process_group: Any):
     if not isinstance(backend, _C.ProcessGroupDlop):
         return None
     return _native.engine_pacer(backend)
+
+
+FALLBACKS = ("error", "warn", "local")
+
+
+def _absolute(source: str) -> str:
+    """`source` with each local path (of a "::" list) made absolute here: a daemon resolves a relative
+    path in its own working directory, which is not the trainer's."""
+    return "::".join(part if "://" in part else os.path.abspath(os.path.expanduser(part))
+                     for part in source.split("::"))
+
+
+def _not_served(address: str, error: Error) -> tuple[bool, str]:
+    """(whether the daemon answered, what it said) for the error add_daemon raised."""
+    from dlop.errors import InvalidArgumentError, ProtocolError
+
+    if isinstance(error, (InvalidArgumentError, ProtocolError)):  # it answered, and said no
+        return True, f"{address} refused: {error}"
+    return False, f"{address}: {error}"
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -157,6 +176,17 @@ class OffloadLoader:
     step moves at DLOP_DATA_RATE_MBPS at most. DLOP_TRAFFIC_CLASSES=0 turns
     this off with the rest of the scheduling.
 
+    ``fallback`` says what happens when no daemon serves the loader (none
+    answers, each refuses its token or configuration, the token is missing, or
+    every daemon is lost mid-epoch): ``"error"`` raises ``NoOffloaderError``
+    naming each daemon's cause, at construction or at the batch where the last
+    daemon was lost; ``"warn"`` makes the batches in ``workers`` local worker
+    processes after one RuntimeWarning; ``"local"`` does so without one. The
+    default is ``"error"`` when ``offloaders`` are given (a job that meant to
+    offload must not train on the trainer's cores unnoticed) and ``"warn"``
+    when none are. ``dataset``, ``sampler`` (the plan: ``set_epoch``, ``len``),
+    ``batch_size`` and ``drop_last`` read as a DataLoader's do.
+
     ``stats()`` returns this rank's data stall, step time, batches in flight
     and each offloader's rate (dlop.data.metrics.LoaderStats); with
     DLOP_METRICS_PORT set the process serves them as Prometheus text
@@ -193,6 +223,7 @@ class OffloadLoader:
         collate_fn: Any = None,
         device: Any = None,
         process_group: Any = None,
+        fallback: str | None = None,
     ) -> None:
         if (dataset is None) == (source is None):
             raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
@@ -206,12 +237,18 @@ class OffloadLoader:
             if transform is None:
                 raise ValueError("OffloadLoader: a native source needs a transform spec")
             # A list of shards travels as one spec, joined by "::" (webdataset's separator).
-            self.source = ("::".join(map(os.fspath, source)) if isinstance(source, (list, tuple))
-                           else os.fspath(source))
+            self.source = _absolute("::".join(map(os.fspath, source)) if isinstance(source, (list, tuple))
+                                    else os.fspath(source))
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
             self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
+            if self.kind == "image" and _native.Pipeline(self.transform).fixed_shape is None:
+                raise ValueError("OffloadLoader: the transform spec's ops leave each image its own size, and a batch "
+                                 "stacks them: end the ops with random_resized_crop, center_crop, or resize to "
+                                 "[height, width]")
             self._dataset_size = None
         self._transcripts = manifest_transcripts(self.source) if self.source else None
+        if self.dataset is None:  # what DataLoader code reads as loader.dataset (len() of it)
+            self.dataset = _loader_view.SourceDataset(self)
         self.batch_size = int(batch_size)
         if isinstance(shuffle, str) and shuffle != "shards":
             raise ValueError(f"OffloadLoader: shuffle is True, False or \"shards\", not {shuffle!r}")
@@ -237,10 +274,14 @@ class OffloadLoader:
         self._manager = None
         self._joining_lock = threading.Lock()
         self._prepared: list = []  # (address, PreparedDaemon or the error, callback) from add_offloader(wait=False)
-        if token is None:
-            token = os.environ.get("DLOP_OFFLOAD_TOKEN", "")
-        reasons = []
-        for address in offloaders:
+        if fallback is None:
+            fallback = "error" if offloaders else "warn"
+        if fallback not in FALLBACKS:
+            raise ValueError(f"OffloadLoader: fallback is \"error\", \"warn\" or \"local\", not {fallback!r}")
+        self.fallback = fallback
+        token = _token.resolve(token)
+        reasons, answered = ([] if token or not offloaders else [_token.MISSING]), False
+        for address in offloaders if token else ():
             try:
                 if self._manager is None:
                     self._manager = _native.LeaseManager(
@@ -253,11 +294,20 @@ class OffloadLoader:
                 self._manager.add_daemon(*_split(address))
                 self._stats.add_address(address)
             except Error as e:  # the daemon did not answer or refused: try the next one
-                reasons.append(f"{address}: {e}")
+                said, why = _not_served(address, e)
+                answered, cause = answered or said, e
+                reasons.append(why)
         if self._manager is not None and self._manager.live_daemons() == 0:
             self._manager = None
         if self._manager is None:
-            self._warn_fallback("; ".join(reasons) or "no offloaders were given")
+            if not offloaders:
+                why = "no offloaders were given"
+            elif not token:
+                why = _token.MISSING
+            else:
+                why = (f"no dlop-offloader {'serves this loader' if answered else 'answered'} "
+                       f"({'; '.join(reasons)})")
+            self._fall_back(why, cause if reasons and token else None)
         elif self._manager.dataset_size != (self._dataset_size or self._manager.dataset_size):
             raise ValueError(f"the offloaders see {self._manager.dataset_size} samples, the dataset here has "
                              f"{self._dataset_size}")
@@ -267,13 +317,31 @@ class OffloadLoader:
         # With DLOP_METRICS_PORT: the endpoint, if not up yet (a taken port warns).
         self.metrics_labels = metrics.serve(self)
 
+    def _fall_back(self, why: str, cause: BaseException | None = None) -> None:
+        """No daemon serves this loader: raise, or say so (fallback "warn"); the caller goes local."""
+        if self.fallback == "error":
+            raise NoOffloaderError(f"OffloadLoader: {why} (fallback=\"error\"; \"warn\" or \"local\" make the "
+                                   "batches in local worker processes instead)") from cause
+        if self.fallback == "warn":
+            self._warn_fallback(why)
+
     def _warn_fallback(self, why: str) -> None:
         warnings.warn(
-            f"dlop.data.OffloadLoader: no dlop-offloader answered ({why}); "
+            f"dlop.data.OffloadLoader: {why}; "
             f"making batches locally in {self.workers} worker processes",
             RuntimeWarning,
             stacklevel=3,
         )
+
+    @property
+    def sampler(self) -> _loader_view.PlanSampler:
+        """This rank's plan of the current epoch as a sampler (``set_epoch`` sets the loader's epoch)."""
+        return _loader_view.PlanSampler(self)
+
+    def _sample_count(self) -> int:
+        if self._dataset_size is None:
+            self._plan()
+        return self._dataset_size
 
     @property
     def metrics_port(self) -> int | None:
@@ -408,8 +476,8 @@ class OffloadLoader:
                     got = m.next()
                 except NoOffloaderError as e:
                     # Every daemon is gone: finish the epoch locally, said once.
+                    self._fall_back(str(e), e)  # with fallback="error", the error is the caller's
                     self._manager = None
-                    self._warn_fallback(str(e))
                     yield from self._iter_local(self._position)
                     return
                 if got is None:
@@ -450,8 +518,8 @@ class OffloadLoader:
             # user's script, which need not guard its top level with __main__.
             max_workers=max(1, self.workers),
             mp_context=mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn"),
-            initializer=_python_worker_init if self.dataset is not None else _worker_init,
-            initargs=(self.dataset, self.collate_fn) if self.dataset is not None else (self.source, self.transform),
+            initializer=_python_worker_init if self.kind == "python" else _worker_init,
+            initargs=(self.dataset, self.collate_fn) if self.kind == "python" else (self.source, self.transform),
         ) as pool:
             # A bounded window of batches in flight, as with offloaders: memory
             # stays bounded whatever the epoch's length.
@@ -459,12 +527,12 @@ class OffloadLoader:
             todo = iter(batches)
             for k in range(len(batches)):
                 while len(window) < 2 * max(1, self.workers) and (b := next(todo, None)) is not None:
-                    work = _python_worker_batch if self.dataset is not None else _worker_batch
+                    work = _python_worker_batch if self.kind == "python" else _worker_batch
                     window.append(pool.submit(work, b, self.seed, self._epoch))
                 got = window.popleft().result()
                 self._stats.local(len(window))
                 self._position = start + k + 1
-                if self.dataset is not None:
+                if self.kind == "python":
                     yield _python_job.decode_batch(bytearray(got))
                 else:
                     samples, labels, lengths, skipped = got

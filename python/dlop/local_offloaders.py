@@ -16,6 +16,11 @@ The token is fresh per `dlop run` (secrets.token_hex), in a file of mode 0600
 inside a private temporary folder (``dlop-run-<pid>-*``) that is removed at
 the end; after a SIGKILL, which runs no code of ours, the next `dlop run` on
 the host removes it (only folders of this user whose `dlop run` is dead).
+`dlop run` prints its path, for `dlop offloader-stats` while the command runs.
+
+Options reach the daemons from `dlop run` (LocalDaemons): their compute
+threads, a metrics port (daemon k serves PORT + k, or any free port for 0),
+and any other dlop-offloader argument as it is.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlop.offloader_launcher import daemon_path, die_with_parent
@@ -127,18 +133,37 @@ def token_folder() -> tuple[Path, Path]:
     return folder, token_file
 
 
-def start_daemon(token_file: Path, threads: int = 1) -> subprocess.Popen:
+@dataclass(frozen=True)
+class LocalDaemons:
+    """The dlop-offloaders `dlop run` starts here, and what it passes to each."""
+
+    count: int
+    threads: int = 1
+    metrics_port: int | None = None  #: daemon k serves its metrics on this + k; 0: any free port; None: none
+    args: tuple[str, ...] = ()  #: more dlop-offloader arguments, as they are
+
+    def extra(self, k: int) -> list[str]:
+        """Daemon k's arguments after --threads."""
+        out = []
+        if self.metrics_port is not None:
+            out += ["--metrics-port", str(self.metrics_port + k if self.metrics_port else 0)]
+        return out + list(self.args)
+
+
+def start_daemon(token_file: Path, threads: int = 1, args: list[str] | tuple[str, ...] = ()) -> subprocess.Popen:
     """A dlop-offloader on 127.0.0.1, in a process group of its own, that goes when this process does
-    (:func:`daemon_address` reads where it listens)."""
+    (:func:`daemon_address` reads where it listens); `args` follow --threads."""
     parent = os.getpid()
     return subprocess.Popen(
-        [daemon_path(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", str(threads)],
+        [daemon_path(), "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--threads", str(threads),
+         *args],
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, process_group=0,
         preexec_fn=lambda: die_with_parent(parent))
 
 
-def daemon_address(proc: subprocess.Popen, timeout: float) -> str:
-    """The "127.0.0.1:PORT" a daemon of :func:`start_daemon` listens on, once it says so."""
+def daemon_endpoints(proc: subprocess.Popen, timeout: float) -> tuple[str, str | None]:
+    """("127.0.0.1:PORT" a daemon of :func:`start_daemon` listens on, "127.0.0.1:M" of its metrics or
+    None), once it says so on its ready line."""
     timer = threading.Timer(timeout, proc.kill)  # readline has no timeout of its own
     timer.start()
     try:
@@ -151,33 +176,48 @@ def daemon_address(proc: subprocess.Popen, timeout: float) -> str:
                          f"its error is above, or it took over {timeout:g} s)")
     # Anything more it prints goes on to ours; a full pipe must never stall it.
     threading.Thread(target=shutil.copyfileobj, args=(proc.stdout, sys.stdout), daemon=True).start()
-    return "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+    metrics = line.partition("(metrics on ")[2].partition(")")[0]
+    return "127.0.0.1:" + line.strip().rsplit(":", 1)[1], metrics or None
+
+
+def daemon_address(proc: subprocess.Popen, timeout: float) -> str:
+    """The "127.0.0.1:PORT" a daemon of :func:`start_daemon` listens on, once it says so."""
+    return daemon_endpoints(proc, timeout)[0]
 
 
 class LocalOffloaders:
-    """`count` dlop-offloader daemons on 127.0.0.1 with a fresh shared token.
+    """`plan.count` dlop-offloader daemons on 127.0.0.1 with a fresh shared token.
 
     Use as a context manager: the daemons are stopped and the token removed on exit."""
 
-    def __init__(self, count: int, threads: int = 1, start_timeout: float = 30.0) -> None:
-        if count < 1:
-            raise SystemExit(f"dlop run: --local-offloaders {count}: at least 1")
+    def __init__(self, plan: LocalDaemons, start_timeout: float = 30.0) -> None:
+        if plan.count < 1:
+            raise SystemExit(f"dlop run: --local-offloaders {plan.count}: at least 1")
         self.folder, self.token_file = token_folder()
         self.procs: list[subprocess.Popen] = []
         self.addresses: list[str] = []
+        self.metrics: list[str] = []  # each daemon's metrics HOST:PORT, with a metrics port
         try:
-            for _ in range(count):
-                self.procs.append(start_daemon(self.token_file, threads))
+            for k in range(plan.count):
+                self.procs.append(start_daemon(self.token_file, plan.threads, plan.extra(k)))
             for proc in self.procs:  # they start in parallel; each prints its address first
-                self.addresses.append(daemon_address(proc, start_timeout))
+                address, metrics = daemon_endpoints(proc, start_timeout)
+                self.addresses.append(address)
+                if metrics:
+                    self.metrics.append(metrics)
         except BaseException:
             self.stop()
             raise
 
     def describe(self) -> str:
         daemons = ", ".join(f"{a} (pid {p.pid})" for a, p in zip(self.addresses, self.procs))
-        return (f"dlop run: started {len(self.procs)} local dlop-offloader daemon(s): {daemons}; "
-                "they stop when the command exits")
+        lines = [f"dlop run: started {len(self.procs)} local dlop-offloader daemon(s): {daemons}; "
+                 "they stop when the command exits",
+                 f"dlop run: their token file: {self.token_file} (dlop offloader-stats {self.addresses[0]} "
+                 f"--token-file {self.token_file})"]
+        if self.metrics:
+            lines.append("dlop run: their metrics: " + ", ".join(f"http://{m}/metrics" for m in self.metrics))
+        return "\n".join(lines)
 
     def stop(self) -> None:
         for proc in self.procs:

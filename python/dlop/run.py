@@ -24,7 +24,10 @@ daemons on this host (one per core the command's ranks leave spare, at least
 one; --local-offloaders N to choose) with a fresh token, runs the command as
 its child (forwarding SIGINT, SIGTERM and SIGHUP to it, those not ignored on entry), stops the daemons
 when it exits and exits with its status; see dlop.local_offloaders for how
-they also go when `dlop run` is killed. Otherwise the command replaces this
+they also go when `dlop run` is killed. It prints their addresses and token
+file (for `dlop offloader-stats`); --offloader-threads N,
+--offloader-metrics-port PORT (Prometheus, PORT + k for daemon k) and
+--offloader-arg ARG (repeatable) pass options to each. Otherwise the command replaces this
 process (exec: signals and the exit status are the command's).
 
 ``--offloaders auto`` sizes the fleet from the trainers' data stall
@@ -89,8 +92,8 @@ def _check_address(text: str, what: str) -> str:
 
 
 def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str], Any]:
-    """(command, its environment, how many local offloaders to start, or with --offloaders auto
-    a dlop.scaling.launch.Plan, or None) for `dlop run ARGV`.
+    """(command, its environment, the local offloaders to start (dlop.local_offloaders.LocalDaemons),
+    or with --offloaders auto a dlop.scaling.launch.Plan, or None) for `dlop run ARGV`.
 
     With local offloaders or a plan the environment lacks DLOP_RUN_OFFLOADERS
     and the token, which :func:`main` adds once the daemons listen."""
@@ -120,6 +123,15 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     p.add_argument("--local-offloaders", type=int, metavar="N",
                    help="start N dlop-offloader daemons on this host for the command's lifetime (the default "
                         "without offloaders named or a SLURM het job: one per core the command's ranks leave spare)")
+    daemons = p.add_argument_group("the local offloaders")
+    daemons.add_argument("--offloader-threads", type=int, metavar="N",
+                         help="compute threads of each local dlop-offloader (default 1)")
+    daemons.add_argument("--offloader-metrics-port", type=int, metavar="PORT",
+                         help="each local dlop-offloader serves Prometheus metrics at /metrics: the first on PORT, "
+                              "the next on PORT+1, ... (0: any free port); printed at start (default: none)")
+    daemons.add_argument("--offloader-arg", action="append", default=[], metavar="ARG",
+                         help="pass ARG to each local dlop-offloader as it is, e.g. --offloader-arg=--no-python "
+                              "(repeatable; dlop-offloader --help lists them)")
     scaling = p.add_argument_group("--offloaders auto")
     scaling.add_argument("--scaler", choices=("local", "slurm", "kubernetes"),
                          help="who starts and stops offloaders (default: slurm in a SLURM job, kubernetes in a pod, "
@@ -162,6 +174,7 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
         env["DLOP_RUN_STRICT"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
     if auto:
+        _refuse_daemon_options(p, args)
         from dlop.scaling import launch
 
         if "SLURM_STEP_ID" in env:
@@ -190,7 +203,8 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
         count = default_count(command, env) if args.local_offloaders is None else args.local_offloaders
         if count < 1:
             p.error(f"--local-offloaders {count}: at least 1")
-        return command, env, count
+        return command, env, _local_daemons(p, args, count)
+    _refuse_daemon_options(p, args)
     if args.local_offloaders is not None:
         p.error("--local-offloaders starts daemons here: it does not go with --offloaders, --offloaders-dns "
                 "or --discover")
@@ -217,10 +231,31 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     return command, env, None
 
 
-def _run_with_local_offloaders(command: list[str], env: dict[str, str], count: int) -> int:
+def _refuse_daemon_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [f for f, v in (("--offloader-threads", args.offloader_threads), ("--offloader-arg", args.offloader_arg),
+                            ("--offloader-metrics-port", args.offloader_metrics_port)) if v not in (None, [])]
+    if given:
+        p.error(f"{given[0]} is for the daemons dlop run starts here: it does not go with --offloaders, "
+                "--offloaders-dns or --discover")
+
+
+def _local_daemons(p: argparse.ArgumentParser, args: argparse.Namespace, count: int):
+    from dlop.local_offloaders import LocalDaemons
+
+    threads = 1 if args.offloader_threads is None else args.offloader_threads
+    if threads < 1:
+        p.error(f"--offloader-threads {threads}: at least 1")
+    port = args.offloader_metrics_port
+    if port is not None and not (port == 0 or 0 < port and port + count - 1 <= 65535):
+        p.error(f"--offloader-metrics-port {port}: ports {port} to {port + count - 1} for {count} daemon(s) are not "
+                "all ports (1-65535; 0 for any free port)")
+    return LocalDaemons(count, threads, port, tuple(args.offloader_arg))
+
+
+def _run_with_local_offloaders(command: list[str], env: dict[str, str], plan) -> int:
     from dlop.local_offloaders import LocalOffloaders, run_command
 
-    with LocalOffloaders(count) as daemons:
+    with LocalOffloaders(plan) as daemons:
         print(daemons.describe(), file=sys.stderr, flush=True)
         env = {k: v for k, v in env.items() if k != "DLOP_OFFLOAD_TOKEN"}
         env["DLOP_RUN_OFFLOADERS"] = ",".join(daemons.addresses)
@@ -232,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     command, env, local = environment(sys.argv[1:] if argv is None else argv, dict(os.environ))
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise SystemExit(f"dlop run: command not found: {command[0]}")
-    if isinstance(local, int):
+    from dlop.local_offloaders import LocalDaemons
+
+    if isinstance(local, LocalDaemons):
         return _run_with_local_offloaders(command, env, local)
     if local is not None:
         from dlop.scaling import launch

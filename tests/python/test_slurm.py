@@ -175,7 +175,7 @@ def test_dlop_run_in_a_het_job_step_takes_the_offloaders_and_ranks_from_the_job(
     _, env, _ = environment(["--offloaders", "h:1", "--", "python"], step)
     assert env["DLOP_RUN_OFFLOADERS"] == "h:1" and "DLOP_RUN_WAIT" not in env
     plain = {k: v for k, v in step.items() if "HET_GROUP" not in k}
-    assert environment(["--local-offloaders", "2", "--", "python"], plain)[2] == 2
+    assert environment(["--local-offloaders", "2", "--", "python"], plain)[2].count == 2
     with pytest.raises(SystemExit, match="no token.*dlop slurm-template"):
         environment(["--", "python"], {k: v for k, v in step.items() if k != "DLOP_OFFLOAD_TOKEN_FILE"})
     with pytest.raises(SystemExit, match="token file /nonexistent: No such file"):

@@ -1,7 +1,10 @@
 // How busy the daemon's compute pool is: the seconds it spent making batches
 // (BusyMeter) and the share of a trailing window it spent so (BusyWindow),
 // for the metrics endpoint and for every BATCH_READY, which carries it to
-// the trainers' fleet sizing (dlop.data.autoscale).
+// the trainers' fleet sizing (dlop.data.autoscale). Both read the one window,
+// protocol::BatchReady::kBusyWindow, so that the daemon's
+// dlop_offloader_busy_ratio and the trainers' dlop_data_offloader_busy_ratio
+// are the same figure.
 #pragma once
 
 #include <algorithm>
@@ -13,9 +16,6 @@
 #include "offload/protocol_messages.hpp"
 
 namespace dlop::offload::daemon {
-
-// The metrics endpoint's dlop_offloader_busy_fraction is over this window.
-inline constexpr std::chrono::seconds kMetricsBusyWindow{5};
 
 // The threads held over time, as a step function noted at each change, kept
 // for the last `longest`. Between two changes the thread seconds grow
@@ -117,10 +117,10 @@ class BusyMeter {
     std::lock_guard lock(mutex_);
     return window_.total(now) / static_cast<double>(capacity_);
   }
-  // The share of the last `window` (at most kMetricsBusyWindow) the pool
-  // spent making batches, in [0, 1]: 1 also when Python workers outnumber
-  // the threads.
-  double fraction(Clock::duration window) const {
+  // The share of the last `window` (at most kBusyWindow) the pool spent
+  // making batches, in [0, 1]: 1 also when Python workers outnumber the
+  // threads.
+  double fraction(Clock::duration window = protocol::BatchReady::kBusyWindow) const {
     const auto now = Clock::now();
     std::lock_guard lock(mutex_);
     return std::clamp(window_.mean(now, window) / static_cast<double>(capacity_), 0.0, 1.0);
@@ -144,7 +144,7 @@ class BusyMeter {
   std::size_t capacity_ = 1;
   std::size_t held_ = 0;  // threads held by the batches being made
   std::size_t running_ = 0;
-  BusyWindow window_{std::max(kMetricsBusyWindow, protocol::BatchReady::kBusyWindow), Clock::now()};
+  BusyWindow window_{protocol::BatchReady::kBusyWindow, Clock::now()};
 };
 
 }  // namespace dlop::offload::daemon

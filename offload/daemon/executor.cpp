@@ -171,8 +171,8 @@ JobResult Executor::execute(Job job, Staging& staging) {
     stats_.batch.add(1, Clock::now() - start, b.count * d.layout.sample_bytes);
     stats_.samples_made.fetch_add(b.count, std::memory_order_relaxed);
     const std::uint64_t tried = r.job.indices.size();
-    stats_.read.add(tried, b.seconds.read, 0);
-    stats_.decode.add(tried, b.seconds.decode, 0);
+    stats_.read.add(tried, b.seconds.read, b.seconds.read_bytes);
+    stats_.decode.add(tried, b.seconds.decode, b.seconds.decoded_bytes);
     stats_.augment.add(b.count, b.seconds.augment, 0);
     stats_.collate.add(b.count, b.seconds.collate, b.count * d.layout.sample_bytes);
     stats_.samples_skipped.fetch_add(b.skipped.size(), std::memory_order_relaxed);

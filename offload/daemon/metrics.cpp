@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iterator>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -64,10 +65,12 @@ std::string response(std::string_view status, std::string_view content_type, std
 std::string prometheus_text(const DaemonStats& stats) {
   const auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   std::string out;
-  out.reserve(2048);
-  metric(out, "dlop_offloader_busy_fraction", "gauge",
-         fmt::format("Fraction of the last {} s the compute pool spent making batches.", kMetricsBusyWindow.count()),
-         stats.busy.fraction(kMetricsBusyWindow));
+  out.reserve(6144);
+  metric(out, "dlop_offloader_busy_ratio", "gauge",
+         fmt::format("Share of the last {} s the compute pool spent making batches (the figure each batch "
+                     "carries to the trainers).",
+                     protocol::BatchReady::kBusyWindow.count()),
+         stats.busy.fraction());
   metric(out, "dlop_offloader_busy_seconds_total", "counter",
          "Seconds the compute pool spent making batches (the Python path: worker seconds over the workers).",
          stats.busy.busy_seconds());
@@ -76,6 +79,8 @@ std::string prometheus_text(const DaemonStats& stats) {
   metric(out, "dlop_offloader_batches_made_total", "counter", "Batches made.", get(stats.batch.items));
   metric(out, "dlop_offloader_samples_made_total", "counter", "Samples in the batches made (skipped ones not counted).",
          get(stats.samples_made));
+  metric(out, "dlop_offloader_samples_skipped_total", "counter",
+         "Samples left out of their batch for a SampleError (the skip policy).", get(stats.samples_skipped));
   metric(out, "dlop_offloader_batches_sent_total", "counter", "Batches delivered into trainers' buffers.",
          get(stats.batches_ready));
   metric(out, "dlop_offloader_batches_failed_total", "counter", "Leases answered with an error.",
@@ -86,9 +91,34 @@ std::string prometheus_text(const DaemonStats& stats) {
          static_cast<std::uint64_t>(stats.busy.running()));
   metric(out, "dlop_offloader_leases_in_progress", "gauge", "Leases open: queued, being made or being sent.",
          get(stats.open_leases));
-  metric(out, "dlop_offloader_connections", "gauge", "Open control connections.", get(stats.open_connections));
+  metric(out, "dlop_offloader_leases_canceled_total", "counter", "Leases the trainers canceled.",
+         get(stats.leases_canceled));
+  metric(out, "dlop_offloader_connections_open", "gauge", "Open control connections.", get(stats.open_connections));
+  metric(out, "dlop_offloader_connections_accepted_total", "counter", "Control connections accepted.",
+         get(stats.connections));
+  metric(out, "dlop_offloader_auth_failures_total", "counter",
+         "Connections refused for a wrong or missing token: a trainer with another token than the fleet's.",
+         get(stats.auth_failures));
+  metric(out, "dlop_offloader_protocol_errors_total", "counter", "Connections closed for a malformed frame.",
+         get(stats.protocol_errors));
   metric(out, "dlop_offloader_draining", "gauge", "1 after SIGTERM: no new lease or connection is taken.",
          std::uint64_t{stats.draining.load(std::memory_order_relaxed) ? 1u : 0u});
+  // The stages dlop offloader-stats shows, one series each.
+  const std::pair<const char*, const StageCounter*> stages[] = {
+      {"read", &stats.read},       {"decode", &stats.decode}, {"augment", &stats.augment},
+      {"collate", &stats.collate}, {"batch", &stats.batch},   {"send", &stats.send}};
+  const auto family = [&](std::string_view name, std::string_view help, auto value) {
+    fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} counter\n", name, help, name);
+    for (const auto& [stage, counter] : stages) {
+      fmt::format_to(std::back_inserter(out), "{}{{stage=\"{}\"}} {}\n", name, stage, value(*counter));
+    }
+  };
+  family("dlop_offloader_stage_items_total", "Items through each stage: samples (read, decode, augment, collate), "
+         "batches (batch, send).", [&](const StageCounter& c) { return get(c.items); });
+  family("dlop_offloader_stage_seconds_total", "Seconds in each stage, summed over the compute threads.",
+         [](const StageCounter& c) { return static_cast<double>(c.nanoseconds.load(std::memory_order_relaxed)) * 1e-9; });
+  family("dlop_offloader_stage_bytes_total", "Bytes through each stage: encoded bytes read, decoded bytes, bytes "
+         "collated, batched and sent.", [&](const StageCounter& c) { return get(c.bytes); });
   return out;
 }
 

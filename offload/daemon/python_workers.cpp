@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -43,6 +44,19 @@ class LoadRefused : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Bytes process `pid` has read through read(2) and its kin (its rchar, not
+// its socket receives): what a worker's Dataset read, from files or the page
+// cache alike; 0 when unknown.
+std::uint64_t bytes_read(pid_t pid) {
+  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
 
 void write_all(int fd, const void* data, std::size_t n) {
   const auto* p = static_cast<const std::byte*>(data);
@@ -308,6 +322,7 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
   try {
     const int fd = w.fd.get();
     const auto start = Clock::now();
+    const std::uint64_t read_before = bytes_read(w.pid);
     const std::uint64_t head[2] = {r.job.dataset->seed, r.job.epoch};
     const auto n = static_cast<std::uint32_t>(r.job.indices.size());
     write_all(fd, head, sizeof(head));
@@ -323,6 +338,9 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     Staging s = spare_->take(bytes, spare_);
     read_all(fd, s.data.get(), bytes);
     stats_.batch.add(1, Clock::now() - start, bytes);
+    // The Dataset's reads are not timed apart from the rest of its work.
+    const std::uint64_t read_after = bytes_read(w.pid);
+    stats_.read.add(n, std::chrono::nanoseconds(0), read_after >= read_before ? read_after - read_before : 0);
     stats_.samples_made.fetch_add(count, std::memory_order_relaxed);
     r.ready.count = count;
     r.ready.bytes = bytes;

@@ -36,8 +36,8 @@ struct StageCounter {
 struct DaemonStats {
   // Stages, as Pipeline::run_batch times them per sample (seconds summed
   // over the compute threads, so items / seconds is the rate per thread).
-  StageCounter read;     // samples read; encoded bytes
-  StageCounter decode;   // samples decoded; their RGB bytes
+  StageCounter read;     // samples read; encoded bytes (the Python path: what its workers read, untimed)
+  StageCounter decode;   // samples decoded; what they decoded to (RGB bytes, float audio samples)
   StageCounter augment;  // samples through the ops
   StageCounter collate;  // samples laid out into batch buffers; their bytes
   StageCounter batch;    // batches made: wall time of each whole batch (native and Python)

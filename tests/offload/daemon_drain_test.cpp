@@ -109,13 +109,16 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
       ADD_FAILURE() << "a sample without a value: " << line;
       continue;
     }
-    const std::string name = line.substr(0, space), value = line.substr(space + 1);
+    // A sample is keyed by its name and labels as written: name{stage="read"}.
+    const std::string key = line.substr(0, space), value = line.substr(space + 1);
+    const std::string name = key.substr(0, key.find('{'));
     EXPECT_TRUE(metric_name(name)) << line;
+    EXPECT_TRUE(key == name || key.ends_with("\"}")) << line;
     EXPECT_TRUE(types.contains(name)) << "a sample without TYPE: " << line;
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
     EXPECT_TRUE(!value.empty() && *end == '\0' && std::isfinite(v)) << line;
-    EXPECT_TRUE(values.emplace(name, v).second) << "a second sample: " << line;
+    EXPECT_TRUE(values.emplace(key, v).second) << "a second sample: " << line;
   }
   return values;
 }
@@ -207,10 +210,14 @@ TEST_F(DaemonDrainTest, MetricsAreParseablePrometheusTextThatMovesWithTheBatches
   ASSERT_NE(d.metrics_port(), d.port());
   auto before = scrape(d.metrics_port());
   for (const char* name :
-       {"dlop_offloader_busy_fraction", "dlop_offloader_busy_seconds_total", "dlop_offloader_batches_made_total",
+       {"dlop_offloader_busy_ratio", "dlop_offloader_busy_seconds_total", "dlop_offloader_batches_made_total",
         "dlop_offloader_samples_made_total", "dlop_offloader_batches_sent_total", "dlop_offloader_batches_refused_total",
         "dlop_offloader_batches_in_progress", "dlop_offloader_leases_in_progress", "dlop_offloader_draining",
-        "dlop_offloader_compute_threads", "dlop_offloader_connections", "dlop_offloader_batches_failed_total"}) {
+        "dlop_offloader_compute_threads", "dlop_offloader_connections_open", "dlop_offloader_batches_failed_total",
+        "dlop_offloader_samples_skipped_total", "dlop_offloader_leases_canceled_total",
+        "dlop_offloader_connections_accepted_total", "dlop_offloader_auth_failures_total",
+        "dlop_offloader_protocol_errors_total", "dlop_offloader_stage_bytes_total{stage=\"read\"}",
+        "dlop_offloader_stage_items_total{stage=\"send\"}", "dlop_offloader_stage_seconds_total{stage=\"decode\"}"}) {
     EXPECT_TRUE(before.contains(name)) << name;
   }
   EXPECT_EQ(before["dlop_offloader_batches_made_total"], 0);
@@ -240,12 +247,20 @@ TEST_F(DaemonDrainTest, MetricsAreParseablePrometheusTextThatMovesWithTheBatches
   EXPECT_EQ(after.at("dlop_offloader_batches_sent_total"), 7);
   EXPECT_EQ(after.at("dlop_offloader_samples_made_total"), static_cast<double>(kSamples));
   EXPECT_GT(after.at("dlop_offloader_busy_seconds_total"), 0);
-  EXPECT_GT(after.at("dlop_offloader_busy_fraction"), 0) << "batches were made within the window";
-  EXPECT_LE(after.at("dlop_offloader_busy_fraction"), 1);
+  EXPECT_GT(after.at("dlop_offloader_busy_ratio"), 0) << "batches were made within the window";
+  EXPECT_LE(after.at("dlop_offloader_busy_ratio"), 1);
   EXPECT_EQ(after.at("dlop_offloader_leases_in_progress"), 0);
   EXPECT_EQ(after.at("dlop_offloader_batches_in_progress"), 0);
-  EXPECT_EQ(after.at("dlop_offloader_connections"), 1);
+  EXPECT_EQ(after.at("dlop_offloader_connections_open"), 1);
   EXPECT_EQ(after.at("dlop_offloader_batches_refused_total"), 0);
+  // Every sample read once, each whole: the bytes read are the files' sizes.
+  std::uintmax_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir_.path() / "train")) {
+    if (e.is_regular_file()) files += e.file_size();
+  }
+  EXPECT_EQ(after.at("dlop_offloader_stage_items_total{stage=\"read\"}"), static_cast<double>(kSamples));
+  EXPECT_EQ(after.at("dlop_offloader_stage_bytes_total{stage=\"read\"}"), static_cast<double>(files));
+  EXPECT_GT(after.at("dlop_offloader_stage_bytes_total{stage=\"decode\"}"), 0);
 
   // Anything but GET /metrics is answered, and refused.
   EXPECT_EQ(http(d.metrics_port(), "GET / HTTP/1.0\r\n\r\n").first, "HTTP/1.0 404 Not Found");

@@ -144,7 +144,7 @@ def test_the_offloader_container_command_starts_a_daemon_from_a_mounted_secret(t
         assert (run_dir / "token").stat().st_mode & 0o777 == 0o600
         # What an autoscaler's query reads of the offloaders (autoscale-keda/, autoscale-hpa/).
         with urllib.request.urlopen(f"http://{ready.group(1)}/metrics", timeout=10) as response:
-            assert re.search(r"^dlop_offloader_busy_fraction 0(\.0*)?$", response.read().decode(), re.M)
+            assert re.search(r"^dlop_offloader_busy_ratio 0(\.0*)?$", response.read().decode(), re.M)
     finally:
         proc.kill()
         proc.wait()

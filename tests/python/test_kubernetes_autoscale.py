@@ -186,7 +186,7 @@ def _series(stall_step: tuple[tuple[float, float], ...], busy: float, namespace:
             out.append({"series": f'{m[1]}{{{m[2]},namespace="{namespace}",pod="dlop-train-{rank}"}}',
                         "values": f"{m[3]}x10"})
     for i in range(OFFLOADERS):
-        out.append({"series": f'dlop_offloader_busy_fraction{{namespace="{namespace}",pod="dlop-offloader-{i}"}}',
+        out.append({"series": f'dlop_offloader_busy_ratio{{namespace="{namespace}",pod="dlop-offloader-{i}"}}',
                     "values": f"{busy!r}x10"})
     return out
 

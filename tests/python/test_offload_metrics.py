@@ -199,8 +199,8 @@ def test_the_endpoint_serves_prometheus_text_that_moves(dataset, daemons, endpoi
     before = parse(scrape(port))
     assert value(before, "dlop_data_batches_total") == 0
     assert before["dlop_data_stall_seconds_total"]["type"] == "counter"
-    assert before["dlop_offloader_batches_per_second"]["type"] == "gauge"
-    assert "dlop_offloader_busy_ratio" in before and not before["dlop_offloader_busy_ratio"]["samples"]
+    assert before["dlop_data_offloader_batches_per_second"]["type"] == "gauge"
+    assert "dlop_data_offloader_busy_ratio" in before and not before["dlop_data_offloader_busy_ratio"]["samples"]
     assert train(loader, step=0.01) == 5
     after = parse(scrape(port))
     assert value(after, "dlop_data_batches_total") == 5
@@ -208,18 +208,18 @@ def test_the_endpoint_serves_prometheus_text_that_moves(dataset, daemons, endpoi
     assert value(after, "dlop_data_step_seconds_total") >= 4 * 0.01
     assert 0 <= value(after, "dlop_data_stall_ratio") <= 1
     assert value(after, "dlop_data_offloaders_live") == 2 and value(after, "dlop_data_offloaded") == 1
-    per = [value(after, "dlop_offloader_batches_total", offloader=d.address) for d in daemons]
+    per = [value(after, "dlop_data_offloader_batches_sent_total", offloader=d.address) for d in daemons]
     assert sum(per) == 5
-    rates = [value(after, "dlop_offloader_batches_per_second", offloader=d.address) for d in daemons]
+    rates = [value(after, "dlop_data_offloader_batches_per_second", offloader=d.address) for d in daemons]
     assert all(r >= 0 for r in rates) and sum(rates) > 0 and all(math.isfinite(r) for r in rates)
     # Each daemon that made a batch said how busy it was: one sample each, as stats() has it.
     stats = {o.address: o for o in loader.stats().offloaders}
-    busy = after["dlop_offloader_busy_ratio"]["samples"]
+    busy = after["dlop_data_offloader_busy_ratio"]["samples"]
     assert len(busy) == sum(1 for n in per if n > 0)
     for d, n in zip(daemons, per):
         if n > 0:
-            assert 0 < value(after, "dlop_offloader_busy_ratio", offloader=d.address) <= 1
-            assert value(after, "dlop_offloader_busy_ratio", offloader=d.address) == stats[d.address].busy_fraction
+            assert 0 < value(after, "dlop_data_offloader_busy_ratio", offloader=d.address) <= 1
+            assert value(after, "dlop_data_offloader_busy_ratio", offloader=d.address) == stats[d.address].busy_fraction
     # A second loader joins the same endpoint under its own labels; other paths are not served.
     other = make_loader(dataset, daemons[:1])
     assert other.metrics_port == port and other.metrics_labels != loader.metrics_labels
@@ -264,6 +264,6 @@ def test_the_text_escapes_labels_and_leaves_out_unknown_values():
     families = parse(text)
     assert "dlop_data_batches_in_flight" in families and not families["dlop_data_batches_in_flight"]["samples"]
     assert families["dlop_data_stall_ratio"]["samples"][(("loader", "7"), ("rank", "0"))] == 0.25
-    busy = families["dlop_offloader_busy_ratio"]["samples"]
+    busy = families["dlop_data_offloader_busy_ratio"]["samples"]
     assert busy == {(("loader", "7"), ("offloader", 'h\\"\\\\\\n:1'), ("rank", "0")): 0.75}
     assert 'offloader="h\\"\\\\\\n:1"' in text

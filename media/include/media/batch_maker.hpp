@@ -24,18 +24,23 @@ struct SkippedSample {
   std::string reason;  // the SampleError's message
 };
 
-// Wall seconds spent per stage, summed over the samples of a batch (and so
-// over its threads): for the per-stage throughput a daemon reports.
+// Wall seconds spent per stage, and the bytes read and decoded, summed over
+// the samples of a batch (and so over its threads): for the per-stage
+// throughput a daemon reports.
 struct StageTimes {
   double read = 0;     // Source::read
   double decode = 0;   // compressed bytes to pixels or samples
   double augment = 0;  // the ops
   double collate = 0;  // the final layout into the batch buffer
+  std::uint64_t read_bytes = 0;     // encoded bytes Source::read gave (a sample file's size)
+  std::uint64_t decoded_bytes = 0;  // what they decoded to: RGB bytes, or float audio samples
   StageTimes& operator+=(const StageTimes& o) {
     read += o.read;
     decode += o.decode;
     augment += o.augment;
     collate += o.collate;
+    read_bytes += o.read_bytes;
+    decoded_bytes += o.decoded_bytes;
     return *this;
   }
 };

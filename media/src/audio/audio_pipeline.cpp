@@ -81,6 +81,7 @@ Timed features_of(std::span<const std::uint8_t> bytes, const AudioSpec& spec, st
   SampleRng mask_rng(key, kMaskStream);
   spec_augment(out.features, out.frames, spec, mask_rng);
   times.decode += seconds(decoded - start);
+  times.decoded_bytes += cropped.size() * sizeof(float);
   times.augment += seconds(Clock::now() - decoded);
   return out;
 }
@@ -112,6 +113,7 @@ class AudioPipeline final : public BatchMaker {
                          const auto start = Clock::now();
                          const auto bytes = from.read(index, scratch[worker]);
                          times.read += seconds(Clock::now() - start);
+                         times.read_bytes += bytes.size();
                          const Timed f = features_of(bytes, spec_, filters_, SampleKey{seed, epoch, index},
                                                      from.time_span(index), {}, times);
                          const auto made = Clock::now();

@@ -52,6 +52,7 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
   }
   const auto decoded = Clock::now();
   scratch.times.decode += seconds(decoded - start);
+  scratch.times.decoded_bytes += cur->pixels.size();
   if (crop_first != nullptr) {
     resize(*cur, region, crop_first->size[0], crop_first->size[1], crop_first->antialias, *other);
     std::swap(cur, other);
@@ -110,6 +111,7 @@ BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint6
                        const auto bytes = from.read(index, s.bytes);
                        s.times = {};
                        s.times.read = seconds(Clock::now() - start);
+                       s.times.read_bytes = bytes.size();
                        const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, s);
                        const auto transformed = Clock::now();
                        emit(image, out.samples.data() + k * sample_bytes);

@@ -194,6 +194,7 @@ class ClipPipeline final : public BatchMaker {
     const std::span<const std::uint8_t> bytes = source.read(index, s.bytes);
     const std::span<const std::uint8_t> side = source.sidecar(index, s.sidecar);
     s.times.read += since(start);
+    s.times.read_bytes += bytes.size() + side.size();
 
     start = Clock::now();
     const FrameIndex frames = side.empty() ? scan_frame_index(bytes, "") : FrameIndex::parse(side, "");
@@ -215,6 +216,7 @@ class ClipPipeline final : public BatchMaker {
     double in_sink = 0;
     decode_frames(bytes, frames, wanted, "", [&](std::size_t k, const Image& rgb) {
       const auto begin = Clock::now();
+      s.times.decoded_bytes += rgb.pixels.size();
       const Slot& slot = slots[k];
       const ViewDraw& d = draws[static_cast<std::size_t>(slot.view)];
       resize(rgb, crop_box(d, rgb.height, rgb.width), spec_.crop[0], spec_.crop[1], spec_.antialias, s.resized);

@@ -15,9 +15,11 @@ one append to a bounded deque:
   processes and not yet yielded;
 * per offloader (by its ``host:port``): the batches it completed for this
   rank, and their rate over the last :data:`WINDOW_SECONDS`;
-* per offloader, its busy fraction: the share of its last few seconds the
-  daemon's compute pool spent making batches, as its latest batch for this
-  rank reported it (``None`` before that batch, or once the daemon died).
+* per offloader, its busy fraction: the share of its last
+  ``dlop._C.offload.BUSY_WINDOW_SECONDS`` the daemon's compute pool spent
+  making batches, as its latest batch for this rank reported it (``None``
+  before that batch, or once the daemon died): the daemon's own
+  ``dlop_offloader_busy_ratio``, over the same window.
 
 ``OffloadLoader.stats()`` returns a :class:`LoaderStats`. With
 ``DLOP_METRICS_PORT`` set, the process serves the stats of all its loaders as
@@ -25,6 +27,14 @@ Prometheus text on ``http://0.0.0.0:PORT/metrics`` from a daemon thread
 (:func:`serve`): PORT plus ``LOCAL_RANK`` when several ranks share a host,
 any free port for 0. A port that cannot be bound is a warning naming it;
 training goes on without the endpoint.
+
+The names follow Prometheus's conventions and the daemon's (``dlop-offloader
+--metrics-port``): base units, ``_total`` for counters, ``_ratio`` for a
+share in [0, 1]. A trainer's series are ``dlop_data_*``, a daemon's
+``dlop_offloader_*``; what a trainer says of an offloader is
+``dlop_data_offloader_*``, named as the daemon names the same figure
+(``dlop_data_offloader_batches_sent_total`` summed over the ranks is the
+daemon's ``dlop_offloader_batches_sent_total``).
 """
 
 from __future__ import annotations
@@ -235,12 +245,12 @@ _LOADER_METRICS = (
      "(on_error=\"skip\").", lambda s: s.samples_skipped),
 )
 _OFFLOADER_METRICS = (
-    ("dlop_offloader_batches_total", "counter", "Batches the offloader completed for this rank.",
+    ("dlop_data_offloader_batches_sent_total", "counter", "Batches the offloader sent to this rank.",
      lambda o: o.batches),
-    ("dlop_offloader_batches_per_second", "gauge", "Batches per second the offloader completed for this rank, "
+    ("dlop_data_offloader_batches_per_second", "gauge", "Batches per second the offloader sent to this rank, "
      "over the window.", lambda o: o.batches_per_second),
-    ("dlop_offloader_busy_ratio", "gauge", "Share of its last few seconds the offloader spent making batches, "
-     "as its latest batch reported it (absent before that batch, or once it died).", lambda o: o.busy_fraction),
+    ("dlop_data_offloader_busy_ratio", "gauge", "The offloader's dlop_offloader_busy_ratio as its latest batch for "
+     "this rank reported it (absent before that batch, or once it died).", lambda o: o.busy_fraction),
 )
 
 

@@ -164,9 +164,16 @@ struct Mapping {
   int fd;
 };
 
+// The creator's mapping going is exported memory freed: on a GPU the caching
+// allocator hands the block to the next tensor while peers may still map it.
+// It poisons itself (all bits set: NaN in floats, -1 in integers), so that a
+// peer that reads it after the free gets a wrong result here too.
+constexpr int kFreedPattern = 0xFF;
+
 void unmap(void* context) {
   auto* mapping = static_cast<Mapping*>(context);
   blocks().erase(mapping->base);
+  if (mapping->fd >= 0) std::memset(mapping->base, kFreedPattern, mapping->bytes);
   munmap(mapping->base, mapping->bytes);
   if (mapping->fd >= 0) close(mapping->fd);
   delete mapping;

@@ -148,12 +148,16 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     src_ready.block(stream);
   }
 
-  // The copy rate is the link's: a copy within the device moves at the
-  // device memory's speed, which the model counts as free (but still late).
+  // To or from the host, the link's rate on its direction's copy engine.
+  // Within a device, device memory's rate for reading and writing each byte
+  // (a GPU runs such a copy as a kernel; the model takes no engine for it).
+  // Between two devices, free (peer links are not modelled), but still late.
   Engine* copy_engine = nullptr;
   auto copy_timing = timing();
   if (src.is_cpu() || dst.is_cpu()) {
     copy_engine = &engine(index, to_device ? EngineKind::kToDevice : EngineKind::kToHost);
+  } else if (src.device() == dst.device()) {
+    copy_timing.copy_gbps = copy_timing.device_copy_gbps() / 2;
   } else {
     copy_timing.copy_gbps = 0;
   }

@@ -31,6 +31,7 @@ py::dict timing_dict(const ta::Timing& t) {
   py::dict d;
   d["delay_us"] = static_cast<int64_t>(t.delay.count());
   d["copy_gbps"] = t.copy_gbps;
+  d["mem_gbps"] = t.mem_gbps;
   d["op_us"] = static_cast<int64_t>(t.op.count());
   d["tflops"] = t.tflops;
   d["query_us"] = static_cast<int64_t>(t.query.count());
@@ -68,6 +69,7 @@ PYBIND11_MODULE(_accelerator, m) {
       "synchronize", [](int index) { ta::synchronize_device(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());
   m.def("event_queries", [] { return ta::event_queries(); });
+  m.def("share_key", [] { return ta::share_key(); });
   m.def("timing", [] { return timing_dict(ta::timing()); });
   m.def(
       "configure",
@@ -80,6 +82,8 @@ PYBIND11_MODULE(_accelerator, m) {
             t.delay = std::chrono::microseconds(py::cast<int64_t>(value));
           } else if (name == "copy_gbps") {
             t.copy_gbps = py::cast<double>(value);
+          } else if (name == "mem_gbps") {
+            t.mem_gbps = py::cast<double>(value);
           } else if (name == "op_us") {
             t.op = std::chrono::microseconds(py::cast<int64_t>(value));
           } else if (name == "tflops") {
@@ -88,13 +92,13 @@ PYBIND11_MODULE(_accelerator, m) {
             t.query = std::chrono::microseconds(py::cast<int64_t>(value));
           } else {
             throw py::type_error("configure: unknown setting " + name +
-                                 " (delay_us, copy_gbps, op_us, tflops, query_us)");
+                                 " (delay_us, copy_gbps, mem_gbps, op_us, tflops, query_us)");
           }
         }
         ta::configure(t);
         return previous;
       },
-      "Changes the timing of the work queued from now on (delay_us, copy_gbps, op_us, tflops, query_us); "
+      "Changes the timing of the work queued from now on (delay_us, copy_gbps, mem_gbps, op_us, tflops, query_us); "
       "returns the previous settings as a dict.");
   m.def("host_waits", [] { return ta::host_waits(); });
   m.def("compute_counts", [] {

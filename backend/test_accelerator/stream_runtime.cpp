@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -38,26 +40,41 @@ int64_t env_us(const char* name) {
   return static_cast<int64_t>(env_number(name, 0, 0, 60e6, true));
 }
 
+// DLOP_TEST_DEVICE_SHARE: unset, the parent's processes share ("parent-<ppid>");
+// 0, none or off: private; else the name (a file name part, so no '/').
+std::string read_share_key() {
+  const char* raw = std::getenv("DLOP_TEST_DEVICE_SHARE");
+  const std::string value = raw != nullptr ? raw : "";
+  if (value.empty()) {
+    return "parent-" + std::to_string(getppid());
+  }
+  if (value == "0" || value == "none" || value == "off") {
+    return {};
+  }
+  TORCH_CHECK(value.find('/') == std::string::npos, "DLOP_TEST_DEVICE_SHARE=", value,
+              ": expected a name without '/' (or 0 for engines of this process's own)");
+  return "name-" + value;
+}
+
 struct Settings {
   c10::DeviceIndex device_count;
-  std::string share;  // DLOP_TEST_DEVICE_SHARE: processes with the same one share the engines
+  std::string share;  // share_key()
   std::atomic<int64_t> delay_us;
   std::atomic<double> copy_gbps;
+  std::atomic<double> mem_gbps;
   std::atomic<int64_t> op_us;
   std::atomic<double> tflops;
   std::atomic<int64_t> query_us;
 
   Settings()
       : device_count(static_cast<c10::DeviceIndex>(env_number("DLOP_TEST_DEVICE_COUNT", 2, 1, 64, true))),
-        share(std::getenv("DLOP_TEST_DEVICE_SHARE") ? std::getenv("DLOP_TEST_DEVICE_SHARE") : ""),
+        share(read_share_key()),
         delay_us(env_us("DLOP_TEST_DEVICE_DELAY_US")),
         copy_gbps(env_number("DLOP_TEST_DEVICE_COPY_GBPS", 0, 0, 1e6, false)),
+        mem_gbps(env_number("DLOP_TEST_DEVICE_MEM_GBPS", Timing::kFollowLink, 0, 1e7, false)),
         op_us(env_us("DLOP_TEST_DEVICE_OP_US")),
         tflops(env_number("DLOP_TEST_DEVICE_TFLOPS", 0, 0, 1e6, false)),
-        query_us(env_us("DLOP_TEST_DEVICE_QUERY_US")) {
-    TORCH_CHECK(share.find('/') == std::string::npos, "DLOP_TEST_DEVICE_SHARE=", share,
-                ": expected a name without '/'");
-  }
+        query_us(env_us("DLOP_TEST_DEVICE_QUERY_US")) {}
 };
 
 Settings& settings() {
@@ -187,17 +204,24 @@ c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
 
 Timing timing() {
   const auto& s = settings();
-  return {std::chrono::microseconds(s.delay_us.load()), s.copy_gbps.load(), std::chrono::microseconds(s.op_us.load()),
-          s.tflops.load(), std::chrono::microseconds(s.query_us.load())};
+  Timing t;
+  t.delay = std::chrono::microseconds(s.delay_us.load());
+  t.copy_gbps = s.copy_gbps.load();
+  t.mem_gbps = s.mem_gbps.load();
+  t.op = std::chrono::microseconds(s.op_us.load());
+  t.tflops = s.tflops.load();
+  t.query = std::chrono::microseconds(s.query_us.load());
+  return t;
 }
 
 void configure(const Timing& value) {
   TORCH_CHECK(value.delay.count() >= 0 && value.copy_gbps >= 0 && value.op.count() >= 0 && value.tflops >= 0 &&
-                  value.query.count() >= 0,
-              "dlop_test: times and rates must be >= 0");
+                  value.query.count() >= 0 && (value.mem_gbps >= 0 || value.mem_gbps == Timing::kFollowLink),
+              "dlop_test: times and rates must be >= 0 (mem_gbps -1: follow the link)");
   auto& s = settings();
   s.delay_us = value.delay.count();
   s.copy_gbps = value.copy_gbps;
+  s.mem_gbps = value.mem_gbps;
   s.op_us = value.op.count();
   s.tflops = value.tflops;
   s.query_us = value.query.count();
@@ -205,18 +229,44 @@ void configure(const Timing& value) {
 
 // --- Engine ---
 
+const std::string& share_key() {
+  return settings().share;
+}
+
+namespace {
+
+// The lock files live outside /dev/shm (whose entries tests count as leaks)
+// in one folder for every user; a launcher's files go once it has exited.
+std::filesystem::path lock_folder() {
+  std::error_code ignored;
+  auto folder = std::filesystem::temp_directory_path(ignored) / "dlop_test-engines";
+  if (std::filesystem::create_directory(folder, ignored)) {
+    std::filesystem::permissions(folder, std::filesystem::perms::all | std::filesystem::perms::sticky_bit, ignored);
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ignored)) {
+    const auto name = entry.path().filename().string();
+    if (name.rfind("parent-", 0) != 0) continue;
+    const auto pid = std::strtol(name.c_str() + 7, nullptr, 10);
+    if (pid > 1 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
+  return folder;
+}
+
+}  // namespace
+
 Engine::Engine(c10::DeviceIndex index, EngineKind kind) {
-  const auto& share = settings().share;
+  const auto& share = share_key();
   if (share.empty()) {
     return;
   }
   static constexpr std::array<const char*, 3> kNames{"compute", "to_device", "to_host"};
-  const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-  const auto path = std::string(dir) + "/dlop_test-" + share + "-" + std::to_string(index) + "-" +
-                    kNames[static_cast<size_t>(kind)] + ".lock";
+  static const auto folder = lock_folder();
+  const auto path = (folder / (share + "-" + std::to_string(index) + "-" + kNames[static_cast<size_t>(kind)] + ".lock")).string();
   lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  TORCH_CHECK(lock_fd_ >= 0, "dlop_test: cannot open the engine lock ", path, " (DLOP_TEST_DEVICE_SHARE=", share,
-              "): ", std::strerror(errno));
+  TORCH_CHECK(lock_fd_ >= 0, "dlop_test: cannot open the engine lock ", path, " (DLOP_TEST_DEVICE_SHARE=0 gives ",
+              "each process engines of its own): ", std::strerror(errno));
 }
 
 Engine::~Engine() {
@@ -479,8 +529,16 @@ bool Event::query() const {
 
 void Event::synchronize() const {
   const auto marker = last();
-  if (marker.worker != nullptr) {
+  if (marker.worker == nullptr) {
+    return;
+  }
+  if (on_stream_worker()) {
     marker.worker->wait_passed(marker.position);
+    return;
+  }
+  ++tls_host_waits;
+  while (!marker.worker->passed(marker.position)) {
+    std::this_thread::yield();  // a spin that lets a thread of the same core in, as cudaDeviceScheduleYield does
   }
 }
 

@@ -29,11 +29,18 @@
 namespace dlop::test_accelerator {
 
 // How late and how slow queued work is (see docs/test_accelerator.md).
-// Initialised from DLOP_TEST_DEVICE_{DELAY_US,COPY_GBPS,OP_US,TFLOPS,QUERY_US}
-// on first use; configure() changes them for the work queued afterwards.
+// Initialised from DLOP_TEST_DEVICE_{DELAY_US,COPY_GBPS,MEM_GBPS,OP_US,TFLOPS,
+// QUERY_US} on first use; configure() changes them for the work queued afterwards.
 struct Timing {
   std::chrono::microseconds delay{0};  // every copy takes at least this long
-  double copy_gbps = 0;                // > 0: a copy of n bytes takes at least n / rate
+  double copy_gbps = 0;                // > 0: a copy of n bytes to or from the host takes at least n / rate
+  // A copy within a device reads and writes its n bytes: 2n / rate. kFollowLink:
+  // kMemPerLink times copy_gbps, a GPU's proportion (H200: 4.8 TB/s of HBM
+  // to a 55 GB/s PCIe 5 link), so an unlimited link means free device copies.
+  double mem_gbps = kFollowLink;
+  static constexpr double kFollowLink = -1;
+  static constexpr double kMemPerLink = 90;
+  double device_copy_gbps() const { return mem_gbps == kFollowLink ? kMemPerLink * copy_gbps : mem_gbps; }
   std::chrono::microseconds op{0};     // every queued operator takes at least this long
   double tflops = 0;                   // > 0: matmul and convolution FLOPs take flops / rate more
   std::chrono::microseconds query{0};  // an event query costs the host this long
@@ -46,8 +53,8 @@ uint64_t event_queries();
 
 // The engines of a device, shared by all its streams: one computes, one copies
 // to the device, one copies to the host. A task holds its engine while it runs,
-// so work on two streams of one engine takes turns, as on a GPU. Processes with
-// the same DLOP_TEST_DEVICE_SHARE share the engines of each device index too
+// so work on two streams of one engine takes turns, as on a GPU. Processes of
+// one sharing key (share_key()) share the engines of each device index too
 // (a lock file per engine): their compute time-slices one device. When an
 // engine frees up, a task of a high-priority stream waiting for it goes
 // first, as a GPU schedules a high-priority stream's blocks first.
@@ -66,9 +73,15 @@ class Engine {
   std::condition_variable free_;
   bool busy_ = false;     // mutex_
   int high_waiting_ = 0;  // mutex_
-  int lock_fd_ = -1;  // DLOP_TEST_DEVICE_SHARE's lock file, else none
+  int lock_fd_ = -1;  // the sharing key's lock file, else none (private engines)
 };
 Engine& engine(c10::DeviceIndex index, EngineKind kind);
+// Which processes share the engines of a device index: by default those
+// started by the same parent process (the ranks of one launcher: torchrun,
+// mp.spawn, a test's Popen), so that two test workers on one machine do not
+// time-slice each other by accident; DLOP_TEST_DEVICE_SHARE=NAME shares
+// across launchers, =0 gives each process engines of its own. Empty: private.
+const std::string& share_key();
 
 // DLOP_TEST_DEVICE_COUNT (default 2), read once.
 c10::DeviceIndex device_count() noexcept;
@@ -152,7 +165,9 @@ class Event {
   void block(const c10::Stream& stream) const;
   // True once the marker recorded last has been passed, or if none was.
   bool query() const;
-  // Blocks the host until query() is true.
+  // Blocks the host until query() is true, spinning as a driver's event wait
+  // does by default (cudaEventSynchronize without a blocking-sync flag): the
+  // waiting thread burns a core for the whole wait.
   void synchronize() const;
   // Milliseconds between the passing of two events' markers; both must have passed.
   static double elapsed_ms(const Event& start, const Event& end);

@@ -173,6 +173,20 @@ def test_pinned_memory():
     assert acc._C._host_allocator_check()
 
 
+def test_freed_exported_memory_poisons_itself():
+    # On a GPU the caching allocator hands a freed block to the next tensor
+    # while a peer that mapped it may still read it: here the block fills
+    # with set bits (NaN, -1) when its creator frees it, so such a read fails.
+    mine, handle = acc.empty_shared(4096, 0)
+    mine.fill_(7)
+    theirs = acc.open_shared(handle, 4096, 0)  # as a peer process maps it
+    acc.synchronize(0)
+    assert theirs.cpu().eq(7).all()
+    del mine
+    assert theirs.cpu().eq(255).all()
+    assert theirs.view(torch.float32).cpu().isnan().all()
+
+
 def test_two_devices_and_copies_between_them(late):
     assert acc.device_count() == 2
     src = values().pin_memory()
@@ -323,8 +337,9 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_environment_is_read_at_load():
     code = "import dlop.testing.accelerator as a; print(a.device_count(), *a.settings().values())"
     done = _run(code, DLOP_TEST_DEVICE_COUNT="3", DLOP_TEST_DEVICE_DELAY_US="1500", DLOP_TEST_DEVICE_COPY_GBPS="25",
-                DLOP_TEST_DEVICE_OP_US="40", DLOP_TEST_DEVICE_TFLOPS="0.5", DLOP_TEST_DEVICE_QUERY_US="7")
+                DLOP_TEST_DEVICE_MEM_GBPS="900", DLOP_TEST_DEVICE_OP_US="40", DLOP_TEST_DEVICE_TFLOPS="0.5",
+                DLOP_TEST_DEVICE_QUERY_US="7")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["3", "1500", "25.0", "40", "0.5", "7"]
+    assert done.stdout.split() == ["3", "1500", "25.0", "900.0", "40", "0.5", "7"]
     bad = _run(code, DLOP_TEST_DEVICE_DELAY_US="soon")
     assert bad.returncode != 0 and "DLOP_TEST_DEVICE_DELAY_US=soon" in bad.stderr

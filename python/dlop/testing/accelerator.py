@@ -21,8 +21,12 @@ Environment, read when the extension loads (a bad value fails the import):
     every queued copy takes at least this long (default 0): it reads its source
     halfway through and writes its destination at the end.
 ``DLOP_TEST_DEVICE_COPY_GBPS``
-    copy bandwidth in GB/s (default 0: unlimited); a copy of n bytes takes at
-    least n / rate, e.g. 25 for a PCIe link.
+    bandwidth of the host link in GB/s (default 0: unlimited); a copy of n
+    bytes to or from the host takes at least n / rate, e.g. 25 for a PCIe link.
+``DLOP_TEST_DEVICE_MEM_GBPS``
+    device memory bandwidth in GB/s; a copy within a device reads and writes
+    its n bytes, 2n / rate (default: 90 times the link's, a GPU's proportion,
+    so free with an unlimited link; 0: free).
 ``DLOP_TEST_DEVICE_OP_US``
     every queued operator takes at least this long on the device (default 0).
 ``DLOP_TEST_DEVICE_TFLOPS``
@@ -30,8 +34,10 @@ Environment, read when the extension loads (a bad value fails the import):
 ``DLOP_TEST_DEVICE_QUERY_US``
     what an event query costs the host (default 0).
 ``DLOP_TEST_DEVICE_SHARE``
-    processes with the same value share each device index's engines, so
-    their work time-slices one device (default: unset, a device per process).
+    which processes share each device index's engines, so that their work
+    time-slices one device, as a GPU's does: by default the processes started
+    by one parent (the ranks of one launcher); a name shares across parents;
+    ``0`` gives each process devices of its own.
 
 :func:`configure` (or the context manager :func:`timing`) changes all but the
 count and the share for the work queued afterwards.
@@ -73,6 +79,7 @@ __all__ = [
     "set_device",
     "set_stream",
     "settings",
+    "share_key",
     "stream",
     "stream_priority",
     "synchronize",
@@ -222,12 +229,13 @@ def _is_in_bad_fork() -> bool:
 
 # --- timing of the work ---
 
-_SETTINGS = ("delay_us", "copy_gbps", "op_us", "tflops", "query_us")
+_SETTINGS = ("delay_us", "copy_gbps", "mem_gbps", "op_us", "tflops", "query_us")
 
 
 def configure(**settings: float | None) -> dict:
     """Changes the timing of the work queued from now on: ``delay_us`` and
-    ``copy_gbps`` of copies, ``op_us`` and ``tflops`` of operators,
+    ``copy_gbps`` of copies, ``mem_gbps`` of copies within a device (-1: 90
+    times ``copy_gbps``), ``op_us`` and ``tflops`` of operators,
     ``query_us`` of event queries; None leaves a setting as it is. Returns all
     the previous settings, which ``configure(**previous)`` restores."""
     unknown = set(settings) - set(_SETTINGS)
@@ -237,8 +245,13 @@ def configure(**settings: float | None) -> dict:
 
 
 def settings() -> dict:
-    """The timing in force: ``delay_us``, ``copy_gbps``, ``op_us``, ``tflops``, ``query_us``."""
+    """The timing in force: ``delay_us``, ``copy_gbps``, ``mem_gbps``, ``op_us``, ``tflops``, ``query_us``."""
     return _C.timing()
+
+
+def share_key() -> str:
+    """The key of the processes this one shares its devices' engines with ('' when they are its own)."""
+    return _C.share_key()
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@
 // the consumer moves on, and the tensors keep the manager alive. They are
 // made here rather than through numpy and torch.from_numpy, which cost a
 // tenth of the trainer's CPU per batch.
+#include <ATen/Context.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
 #include <unistd.h>
@@ -45,6 +46,25 @@ Cursor dict_cursor(const py::dict& d) {
   c.drop_last = d["drop_last"].cast<bool>();
   c.shards = d.contains("shards") ? d["shards"].cast<std::uint64_t>() : 0;  // cursors saved before shard plans had none
   return c;
+}
+
+// The pool in the pinned host memory of `device` (a device or a device
+// type), from the allocator torch's pin_memory() uses for it: its batches
+// are is_pinned() for that device, and their upload needs no copy and does
+// not wait. A device without one fails here, when the loader is made.
+PoolAllocator pinned_allocator(const std::string& device) {
+  const c10::DeviceType type = c10::Device(device).type();
+  if (type == c10::DeviceType::CPU) return {};
+  at::Allocator* allocator = nullptr;
+  try {
+    allocator = at::globalContext().getPinnedMemoryAllocator(type);
+  } catch (const c10::Error& e) {
+    throw py::value_error("OffloadLoader: no pinned host memory for device " + device + ": " + e.what_without_backtrace());
+  }
+  return [allocator](std::size_t bytes) {
+    auto owner = std::make_shared<c10::DataPtr>(allocator->allocate(bytes));
+    return std::shared_ptr<std::byte>(owner, static_cast<std::byte*>(owner->get()));
+  };
 }
 
 // (position, samples, labels, slot, skipped, lengths): samples, labels and
@@ -109,7 +129,7 @@ void bind_offload_loader(py::module_& root) {
                        std::uint32_t rank, std::uint32_t world, std::size_t prefetch, std::size_t per_daemon,
                        double lease_timeout, double no_daemon_timeout, double connect_timeout,
                        const py::bytes& python, std::shared_ptr<DataPacer> pacer,
-                       std::vector<std::uint64_t> shard_sizes) {
+                       std::vector<std::uint64_t> shard_sizes, const std::optional<std::string>& pin_for) {
              LeaseOptions o;
              const std::string job = python;
              o.config = {source, transform, seed, batch_size, std::vector<std::uint8_t>(job.begin(), job.end())};
@@ -126,6 +146,7 @@ void bind_offload_loader(py::module_& root) {
              o.no_daemon_timeout = ms(no_daemon_timeout);
              o.connect_timeout = ms(connect_timeout);
              o.pacer = std::move(pacer);
+             if (pin_for) o.allocator = pinned_allocator(*pin_for);
              // A process forked from this one (the local fallback's workers,
              // a user's) may drop its copy: closing UCX there would abort, so
              // only the process that made the manager destroys it.
@@ -138,7 +159,10 @@ void bind_offload_loader(py::module_& root) {
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world") = 1,
            py::arg("prefetch") = 4, py::arg("per_daemon") = 2, py::arg("lease_timeout") = 30.0,
            py::arg("no_daemon_timeout") = 10.0, py::arg("connect_timeout") = 10.0, py::arg("python") = py::bytes(),
-           py::arg("pacer") = std::shared_ptr<DataPacer>(), py::arg("shard_sizes") = std::vector<std::uint64_t>{})
+           py::arg("pacer") = std::shared_ptr<DataPacer>(), py::arg("shard_sizes") = std::vector<std::uint64_t>{},
+           py::arg("pin_for") = py::none(),
+           "pin_for: a device (\"cuda\", \"dlop_test:1\"): the pool is that device's pinned host memory; "
+           "None: page-locked memory the device does not know")
       .def("add_daemon", &LeaseManager::add_daemon, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def(
@@ -173,7 +197,7 @@ void bind_offload_loader(py::module_& root) {
             if (!b) return py::none();
             return batch_tuple(self, *b);
           },
-          "-> (position, images, labels, slot, skipped) viewing a pool buffer until release(slot), or None; "
+          "-> (position, images, labels, slot, skipped, lengths) viewing a pool buffer until release(slot), or None; "
           "a signal's handler runs while it waits, and what it raises leaves next()")
       .def("release", &LeaseManager::release, py::arg("slot"))
       .def("state", [](const LeaseManager& self) { return cursor_dict(self.state()); })

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -408,6 +409,69 @@ TEST_F(LeaseManagerTest, NoDaemonLeftIsAnErrorAfterTheTimeout) {
     FAIL() << "expected NoOffloaderError";
   } catch (const NoOffloaderError& e) {
     EXPECT_EQ(e.code(), Errc::kPeerDead);
+  }
+}
+
+// A trainer that uploads to an accelerator gives the pool the device's
+// pinned-host allocator: every batch must land in memory it returned (the
+// upload then reads the slot itself), and the memory must go back to it
+// when the manager goes.
+TEST_F(LeaseManagerTest, BatchesLandInTheMemoryOfTheGivenAllocator) {
+  struct Block {
+    std::weak_ptr<std::byte> memory;
+    std::size_t bytes;
+  };
+  std::vector<Block> blocks;
+  DaemonProcess d1(1), d2(1);
+  {
+    auto o = options();
+    o.allocator = [&blocks](std::size_t bytes) {
+      auto memory = page_locked_memory(bytes);
+      blocks.push_back({memory, bytes});
+      return memory;
+    };
+    LeaseManager m(o);
+    m.add_daemon("127.0.0.1", d1.port());
+    m.add_daemon("127.0.0.1", d2.port());
+    ASSERT_EQ(blocks.size(), o.prefetch + 2) << "one buffer per slot";
+    const auto in_a_block = [&](const void* p, std::size_t n) {
+      const auto* b = static_cast<const std::byte*>(p);
+      return std::any_of(blocks.begin(), blocks.end(), [&](const Block& k) {
+        const auto memory = k.memory.lock();
+        return memory && b >= memory.get() && b + n <= memory.get() + k.bytes;
+      });
+    };
+    for (const Block& k : blocks) EXPECT_EQ(k.bytes % 4096, 0u);
+    m.set_epoch(1);
+    std::size_t seen = 0;
+    drain(m, 1, [&](std::uint64_t) { ++seen; });
+    EXPECT_EQ(seen, m.batch_count());
+    m.set_epoch(2);
+    while (auto b = m.next()) {
+      EXPECT_TRUE(in_a_block(b->images, b->count * m.layout().sample_bytes)) << "batch " << b->position;
+      EXPECT_TRUE(in_a_block(b->labels, b->count * 8)) << "batch " << b->position;
+      m.release(b->slot);
+    }
+  }
+  for (const Block& k : blocks) EXPECT_TRUE(k.memory.expired()) << "a pool buffer outlived its manager";
+}
+
+TEST_F(LeaseManagerTest, AMisalignedPoolAllocatorIsAnError) {
+  DaemonProcess d(1);
+  auto o = options();
+  std::vector<std::shared_ptr<std::byte>> kept;
+  o.allocator = [&kept](std::size_t bytes) {
+    auto memory = page_locked_memory(bytes + 4096);
+    kept.push_back(memory);
+    return std::shared_ptr<std::byte>(memory, memory.get() + 8);
+  };
+  LeaseManager m(o);
+  try {
+    m.add_daemon("127.0.0.1", d.port());
+    FAIL() << "expected kInvalidArgument";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("aligned"), std::string::npos) << e.what();
   }
 }
 

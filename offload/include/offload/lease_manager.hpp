@@ -94,6 +94,17 @@ struct Cursor {
   bool operator==(const Cursor&) const = default;
 };
 
+// Where the pool's buffers come from: `bytes` (a multiple of 4096) aligned to
+// at least 64, held until the returned owner drops it. A trainer that uploads
+// its batches to an accelerator passes the device's pinned-host allocator
+// (dlop._C fills it in from torch), so that an upload reads the batch's
+// buffer itself, asynchronously, with no copy into other pinned memory.
+using PoolAllocator = std::function<std::shared_ptr<std::byte>(std::size_t bytes)>;
+
+// The default PoolAllocator: page-aligned memory, page-locked where
+// RLIMIT_MEMLOCK allows (plain memory otherwise).
+std::shared_ptr<std::byte> page_locked_memory(std::size_t bytes);
+
 struct LeaseOptions {
   OffloadConfig config;  // source, transform, seed, batch_size: sent to every daemon
   std::string token;
@@ -124,6 +135,9 @@ struct LeaseOptions {
   // A daemon on this host may write batches straight into the pool
   // (OffloadClient::Options::direct); false: always over UCX.
   bool direct = true;
+  // The pool's memory; empty: page_locked_memory. Called on the thread that
+  // drives the manager (add_daemon, next).
+  PoolAllocator allocator;
 };
 
 // A yielded batch: `count` samples (fewer than the plan's when the skip
@@ -185,7 +199,9 @@ class LeaseManager {
   // leases as they were (a later next() goes on), so a caller can give up on
   // a signal.
   std::optional<Batch> next(const std::function<void()>& while_waiting = {});
-  // Gives a yielded batch's buffer back to the pool.
+  // Gives a yielded batch's buffer back to the pool; the next lease may
+  // write it at once, so a caller whose device still reads it (an upload
+  // queued on a stream) releases only once that read has passed.
   void release(std::size_t slot);
 
   Cursor state() const;

@@ -27,6 +27,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kAlign = 4096;
+constexpr std::size_t kMinAlign = 64;
 
 enum class PosState { kPending, kLeased, kFilled, kYielded };
 
@@ -76,6 +77,19 @@ struct Lease {
 
 }  // namespace
 
+std::shared_ptr<std::byte> page_locked_memory(std::size_t bytes) {
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
+  if (p == nullptr) return nullptr;
+  // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
+  const bool locked = ::mlock(p, bytes) == 0;
+  if (!locked) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
+  return std::shared_ptr<std::byte>(p, [bytes, locked](std::byte* q) {
+    if (locked) ::munlock(q, bytes);
+    std::free(q);
+  });
+}
+
 struct LeaseManager::Impl {
   LeaseOptions opt;
   std::optional<BatchLayout> layout;
@@ -88,6 +102,7 @@ struct LeaseManager::Impl {
   std::shared_ptr<transport::ProgressThread> progress;
   std::vector<Daemon> daemons;
   struct Slot {
+    std::shared_ptr<std::byte> memory;
     std::byte* data = nullptr;
     std::size_t capacity = 0;
   };
@@ -105,36 +120,36 @@ struct LeaseManager::Impl {
 
   ~Impl() {
     daemons.clear();  // each client waits until no buffer of ours can be written
-    for (Slot& s : slots) free_slot_memory(s);
-    for (Slot& s : retired) free_slot_memory(s);
+    slots.clear();
+    retired.clear();
   }
 
-  static void free_slot_memory(Slot& s) {
-    if (s.data == nullptr) return;
-    ::munlock(s.data, s.capacity);
-    std::free(s.data);
-    s = Slot{};
-  }
-
-  static void allocate(Slot& s, std::size_t bytes) {
+  void allocate(Slot& s, std::size_t bytes) const {
     bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-    if (p == nullptr) throw_error(Errc::kSystem, "LeaseManager: cannot allocate a " + std::to_string(bytes) + " byte batch buffer");
-    // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
-    if (::mlock(p, bytes) != 0) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
-    s = Slot{p, bytes};
+    auto memory = opt.allocator ? opt.allocator(bytes) : page_locked_memory(bytes);
+    if (!memory) {
+      throw_error(Errc::kSystem, "LeaseManager: cannot allocate a " + std::to_string(bytes) + " byte batch buffer");
+    }
+    // Labels and lengths are int64s at offsets the layout aligns to 8.
+    if (reinterpret_cast<std::uintptr_t>(memory.get()) % kMinAlign != 0) {
+      throw_error(Errc::kInvalidArgument, "LeaseManager: the pool allocator returned memory aligned to less than " +
+                                              std::to_string(kMinAlign) + " bytes");
+    }
+    s = Slot{memory, memory.get(), bytes};
   }
 
   bool python() const { return layout->dtype == protocol::Dtype::kPythonBlob; }
 
-  void allocate_pool() {
+  // Before the layout is taken: an allocation that fails leaves the manager as it was.
+  void allocate_pool(const BatchLayout& l) {
     // The consumer holds up to two yielded batches (the one it works on and
     // the one it just asked for) besides the window.
-    slots.resize(opt.prefetch + 2);
-    slot_free.assign(slots.size(), true);
-    if (!python()) {
-      for (Slot& s : slots) allocate(s, layout->batch_bytes);
+    std::vector<Slot> pool(opt.prefetch + 2);
+    if (l.dtype != protocol::Dtype::kPythonBlob) {
+      for (Slot& s : pool) allocate(s, l.batch_bytes);
     }
+    slots = std::move(pool);
+    slot_free.assign(slots.size(), true);
   }
 
   // A Python batch's buffer, once its size is known (the slot is leased, so
@@ -142,7 +157,7 @@ struct LeaseManager::Impl {
   void* grow(std::size_t slot, std::size_t bytes) {
     Slot& s = slots[slot];
     if (s.capacity < bytes) {
-      free_slot_memory(s);
+      s = Slot{};  // before the new one: the pool holds at most one buffer per slot
       allocate(s, bytes);
     }
     return s.data;
@@ -482,9 +497,9 @@ void LeaseManager::adopt_daemon(PreparedDaemon daemon) {
                                               " sees another dataset or layout than the other daemons");
     }
   } else {
+    m.allocate_pool(got);
     m.layout = got;
     m.plan.dataset_size = got.dataset_size;
-    m.allocate_pool();
     m.build();
   }
   m.daemons.push_back(Daemon{std::move(client), false, 0});

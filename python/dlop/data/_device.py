@@ -4,22 +4,42 @@ Any accelerator torch has a device module for (``torch.cuda``, ``torch.xpu``,
 a PrivateUse1 device such as the test accelerator ``torch.dlop_test``): the
 module's Stream, Event, stream() and current_stream() are all this uses.
 
-Each batch is copied from the loader's pool slot into the device's pinned
-memory (the pool is page-locked, but not known to the device), so the slot
-is not read after the batch is handed out, and uploaded from there on the
-side stream. Batch k is handed out as soon as it has come and its upload is
-issued, never later: its upload runs on the device beside the work the
-consumer queued for batch k-1, and no batch waits for the one after it. The
-host never waits for an upload: the consumer's current stream waits on each
-batch's event, and every tensor is marked as used on that stream for the
-device's caching allocator.
+A batch an OffloadLoader lends (``Lent``) views a slot of its pool, which
+lies in the device's own pinned memory (the pool is allocated through the
+allocator torch's pin_memory() uses for the device): it is uploaded from the
+slot itself, with no copy, and the slot goes back to the pool once the
+upload's event has passed, found at a later step without waiting. Other
+batches (the local fallback's, a plain iterator's) are first copied into
+pinned memory, held until their upload has read it. Batch k is handed out as
+soon as it has come and its upload is issued, never later: its upload runs
+on the device beside the work the consumer queued for batch k-1, and no
+batch waits for the one after it. The host waits for an upload only when
+more than ``LENT_WHILE_ASKING`` slots are still being read as the next batch
+is asked for (the device's link is then what limits the loop): the pool
+keeps that many besides its lease window, and a loader short of slots would
+wait for ever. The consumer's current
+stream waits on each batch's event, and every tensor is marked as used on
+that stream for the device's caching allocator.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import collections
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
+
+# Lent slots uploads may still read when the loader is asked for its next
+# batch: the two slots the LeaseManager's pool keeps besides its lease window.
+LENT_WHILE_ASKING = 2
+
+
+class Lent(NamedTuple):
+    """A batch whose tensors view a buffer its loader lends; ``release()`` gives the buffer back,
+    and is called once nothing reads it any more."""
+
+    batch: Any
+    release: Callable[[], None]
 
 
 def accelerator_device(device: Any) -> torch.device | None:
@@ -50,29 +70,46 @@ def _map(batch: Any, fn) -> Any:
 def to_device(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
     module = getattr(torch, device.type)
     side = module.Stream(device)
-    uploading: list[tuple[Any, Any]] = []  # (event, pinned copy): kept until the upload has read it
+    # Uploads not known to have passed, oldest first (one stream runs them in
+    # order): (event, what they read, the release of a lent slot or None).
+    uploading: collections.deque = collections.deque()
 
-    def start(cpu):
-        # The pool's buffers are page-locked, but the device does not know
-        # them: an upload from them would make the host wait. A copy into
-        # the device's own pinned memory (a memcpy) lets the upload go async,
-        # and leaves the pool's slot free for its next batch.
-        pinned = _map(cpu, lambda t: t if t.is_pinned() else torch.empty(
+    def settle(lent_at_most: int | None) -> None:
+        """Ends the uploads that passed; waits for the oldest while more than `lent_at_most` lent
+        slots are still read (None: until every upload has passed)."""
+        while uploading:
+            event, _, release = uploading[0]
+            if not event.query():
+                if lent_at_most is not None and sum(r is not None for _, _, r in uploading) <= lent_at_most:
+                    return
+                event.synchronize()
+            uploading.popleft()
+            if release is not None:
+                release()
+
+    def start(item):
+        batch, release = (item.batch, item.release) if isinstance(item, Lent) else (item, None)
+        # An upload from pageable memory would make the host wait: such
+        # tensors are copied into the device's pinned memory first (a memcpy).
+        pinned = _map(batch, lambda t: t if t.is_pinned() else torch.empty(
             t.shape, dtype=t.dtype, pin_memory=True).copy_(t))
         with module.stream(side):
             on_device = _map(pinned, lambda t: t.to(device, non_blocking=True))
             done = module.Event()
             done.record(side)
-        uploading[:] = [u for u in uploading if not u[0].query()] + [(done, pinned)]
+        uploading.append((done, pinned, release))
         return on_device, done
 
     try:
-        for cpu in batches:
-            on_device, done = start(cpu)
+        for item in batches:
+            on_device, done = start(item)
             consumer = module.current_stream(device)
             consumer.wait_event(done)
             _map(on_device, lambda t: t.record_stream(consumer))
             yield on_device
+            settle(LENT_WHILE_ASKING)  # before the loader is asked for its next slot
     finally:
-        for event, _ in uploading:  # the pinned copies may be freed only once read
-            event.synchronize()
+        settle(None)  # what the uploads read may be freed or reused only once read
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()

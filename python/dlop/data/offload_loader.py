@@ -10,6 +10,7 @@ offloaded path and the local fallback yield the same batches. With
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import json
 import os
@@ -290,6 +291,7 @@ class OffloadLoader:
                         prefetch=prefetch, lease_timeout=lease_timeout, no_daemon_timeout=no_daemon_timeout,
                         connect_timeout=connect_timeout, python=self._job,
                         pacer=_engine_pacer(process_group), shard_sizes=self._shard_sizes,
+                        pin_for=None if self.device is None else str(self.device),
                     )
                 self._manager.add_daemon(*_split(address))
                 self._stats.add_address(address)
@@ -486,15 +488,24 @@ class OffloadLoader:
                 self._stats.offloaded(m)
                 self._position = position + 1
                 if labels is None:  # the Python path: samples is the batch blob
-                    yield _python_job.decode_batch(samples)
+                    batch = _python_job.decode_batch(samples)
                 else:
-                    yield _native_batch(samples, labels, lengths, self._batch_transcripts(position, skipped))
+                    batch = _native_batch(samples, labels, lengths, self._batch_transcripts(position, skipped))
+                batch, held = self._hand_out(m, batch, held)
+                yield batch
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
             if self._prepared and self._manager is not None:
                 # Joiners ready by the end belong to the manager now, not to whatever drops this list last.
                 self._adopt_prepared()
+
+    def _hand_out(self, m, batch, slot: int):
+        """(what to yield, the slot still to release at the next step). With a device the batch is
+        lent instead: its upload reads the slot after that step, and to_device releases it."""
+        if self.device is None:
+            return batch, slot
+        return _device.Lent(batch, functools.partial(m.release, slot)), None
 
     def _batch_transcripts(self, position: int, skipped) -> list[str] | None:
         """The transcripts of the batch at `position` of this epoch's plan, less its skipped samples."""

@@ -33,6 +33,8 @@ void translate(std::exception_ptr error) {
     std::rethrow_exception(error);
   } catch (const offload::SampleError& e) {
     set_python_error(errors_module().attr("SampleError"), e.what());
+  } catch (const offload::BatchSampleError& e) {
+    set_python_error(errors_module().attr("SampleError"), e.what());
   } catch (const offload::NoOffloaderError& e) {
     set_python_error(errors_module().attr("NoOffloaderError"), e.what());
   } catch (const Error& e) {

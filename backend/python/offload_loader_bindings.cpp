@@ -200,6 +200,8 @@ void bind_offload_loader(py::module_& root) {
           "-> (position, images, labels, slot, skipped, lengths) viewing a pool buffer until release(slot), or None; "
           "a signal's handler runs while it waits, and what it raises leaves next()")
       .def("release", &LeaseManager::release, py::arg("slot"))
+      .def("close", &LeaseManager::close, py::call_guard<py::gil_scoped_release>(),
+           "closes the daemons' connections quietly, keeping the buffers batches view")
       .def("state", [](const LeaseManager& self) { return cursor_dict(self.state()); })
       .def(
           "restore", [](LeaseManager& self, const py::dict& d) { self.restore(dict_cursor(d)); }, py::arg("cursor"))

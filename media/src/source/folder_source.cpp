@@ -23,6 +23,14 @@ const std::vector<std::string>& media_extensions(MediaKind kind) {
 
 namespace {
 
+// What torchvision's ImageFolder lists (IMG_EXTENSIONS): a folder of images
+// lists these too, so that a file the native decoders cannot read is refused
+// by name instead of silently left out of the dataset torch would see.
+const std::vector<std::string>& listed_extensions(MediaKind kind) {
+  static const std::vector<std::string> image{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  return kind == MediaKind::kImage ? image : media_extensions(kind);
+}
+
 bool has_extension(const fs::path& p, const std::vector<std::string>& wanted) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -51,7 +59,7 @@ void collect(const fs::path& root, const std::string& class_name, std::int64_t l
   for (const std::string& folder : folders) {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(root / folder, ec)) {
-      if (!entry.is_directory(ec) && has_extension(entry.path(), media_extensions(kind))) names.push_back(entry.path().filename().string());
+      if (!entry.is_directory(ec) && has_extension(entry.path(), listed_extensions(kind))) names.push_back(entry.path().filename().string());
     }
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) out.emplace_back(folder + "/" + name, label);
@@ -81,8 +89,22 @@ FolderSource::FolderSource(const fs::path& root, MediaKind kind) : root_(root) {
   }
   if (!empty.empty()) {
     throw_error(Errc::kInvalidArgument,
-                fmt::format("ImageFolder: no {} file in class folder(s) {} of {}", or_list(media_extensions(kind)),
+                fmt::format("ImageFolder: no {} file in class folder(s) {} of {}", or_list(listed_extensions(kind)),
                             fmt::join(empty, ", "), root.string()));
+  }
+  std::vector<std::string> unreadable;
+  for (const auto& [rel, label] : files) {
+    if (!has_extension(rel, media_extensions(kind))) unreadable.push_back(rel);
+  }
+  if (!unreadable.empty()) {
+    const std::size_t shown = std::min<std::size_t>(unreadable.size(), 5);
+    throw_error(Errc::kInvalidArgument,
+                fmt::format("ImageFolder: {} file(s) of {} that torchvision's ImageFolder lists are not {} files, "
+                            "which the native decoders read: {}{}; convert them, or run the dataset on the generic "
+                            "Python path (dataset=)",
+                            unreadable.size(), root.string(), or_list(media_extensions(kind)),
+                            fmt::join(unreadable.begin(), unreadable.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                            unreadable.size() > shown ? fmt::format(" and {} more", unreadable.size() - shown) : ""));
   }
   files_.reserve(files.size());
   for (auto& [rel, label] : files) files_.push_back(Entry{std::move(rel), label});

@@ -35,6 +35,14 @@ class NoOffloaderError : public Error {
   explicit NoOffloaderError(const std::string& what) : Error(Errc::kPeerDead, what) {}
 };
 
+// A daemon failed a batch for one of its samples under the raise policy; the
+// message names the sample and the reason, as the daemon did (dlop.SampleError
+// in Python, as when the batch is made locally).
+class BatchSampleError : public Error {
+ public:
+  explicit BatchSampleError(const std::string& what) : Error(Errc::kInvalidArgument, what) {}
+};
+
 // Which samples make which batch of one rank in one epoch. DistributedSampler's
 // rules: the epoch's order (a seeded shuffle of 0..N-1, or 0..N-1) is cut to a
 // multiple of `world` when drop_last, else padded with its own first samples
@@ -203,6 +211,11 @@ class LeaseManager {
   // write it at once, so a caller whose device still reads it (an upload
   // queued on a stream) releases only once that read has passed.
   void release(std::size_t slot);
+  // Closes every daemon's connection as a dropped client does (its last
+  // answers taken in, see OffloadClient::close_quietly), keeping the buffers
+  // that yielded batches still view: for a process that exits with them.
+  // A later next() finds no daemon.
+  void close();
 
   Cursor state() const;
   // Resumes the cursor's epoch at its position (kInvalidArgument if its plan

@@ -242,6 +242,13 @@ class OffloadClient {
   void collect();
   [[noreturn]] void fail(Errc code, const std::string& why);
   void release_receives();
+  // A client dropped with leases open takes in the daemon's last answers
+  // until the daemon closes its side, and posts the receives of the batches
+  // they announce: closing over unread answers would reset the connection
+  // (the daemon logs "Connection reset by peer"), and a batch sent over UCX
+  // with no receive would stay unmatched in the worker ("unexpected
+  // tag-receive descriptor" when it is destroyed). At most 5 s.
+  void close_quietly();
   // Waits until a direct daemon can no longer write into this process's
   // buffers (it closed the connection or died); then closes the socket.
   void close_direct();

@@ -59,7 +59,14 @@ OffloadClient::~OffloadClient() {
   if (paced()) {
     options_.pacer->remove_waker(this);
     options_.progress->remove_hook(this);
+    // Unpaced from here on: what still arrives is taken in at once.
+    auto lock = lock_worker();
+    for (Lease* l : std::exchange(deferred_, {})) {
+      while (l->deferred()) post_deferred_now(*l);
+    }
+    options_.pacer.reset();
   }
+  close_quietly();
   close_direct();
   auto lock = lock_worker();
   try {
@@ -95,6 +102,18 @@ void OffloadClient::fail(Errc code, const std::string& why) {
 bool OffloadClient::daemon_gone() const {
   return welcome_.pid != 0 && welcome_.host == host_identity() && ::kill(static_cast<pid_t>(welcome_.pid), 0) != 0 &&
          errno == ESRCH;
+}
+
+void OffloadClient::close_quietly() {
+  if (failure_ || direct() || socket_->fd.get() < 0 || leases_.empty()) return;
+  // Our end of stream makes the daemon close its side once it has answered.
+  ::shutdown(socket_->fd.get(), SHUT_WR);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  try {
+    while (!failure_ && !daemon_gone() && Clock::now() < deadline) pump(std::chrono::milliseconds(100));
+  } catch (const Error&) {
+    // The daemon closed its side (the end waited for) or the connection broke: nothing more comes.
+  }
 }
 
 void OffloadClient::close_direct() {

@@ -310,7 +310,7 @@ struct LeaseManager::Impl {
     slot_free[l.slot] = true;  // a duplicate, a cancellation or a failure: the buffer is unused
     if (c.status == Completion::Status::kFailed && open) {
       if (c.error_code == protocol::ErrorCode::kSample) {
-        throw_error(Errc::kInvalidArgument, "offload: batch " + std::to_string(l.position) + " failed: " + c.error);
+        throw BatchSampleError("offload: batch " + std::to_string(l.position) + " failed: " + c.error);
       }
       log().warn("offload: daemon {} failed batch {} ({}); reissuing", daemons[d].client->address(), l.position,
                  c.error);
@@ -566,6 +566,8 @@ std::optional<Batch> LeaseManager::next(const std::function<void()>& while_waiti
     m.expire();
   }
 }
+
+void LeaseManager::close() { impl_->daemons.clear(); }
 
 void LeaseManager::release(std::size_t slot) {
   if (slot >= impl_->slot_free.size() || impl_->slot_free[slot]) {

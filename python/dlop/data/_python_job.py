@@ -7,7 +7,9 @@ local fallback must agree on them byte for byte:
   installed (classes defined in a script's __main__ then travel by value);
 - a batch: ``collate([dataset[i] for i in indices])`` under random state
   seeded from (seed, epoch, indices), so a batch is identical whichever
-  worker, daemon or fallback made it;
+  worker, daemon or fallback made it; a sample that raises fails the batch
+  with dlop.SampleError, or is left out under the skip policy, and the blob
+  carries the skipped indices beside the batch;
 - the batch blob: the collate output pickled with every tensor and numpy
   array replaced by a reference to its bytes, which follow at 64-byte aligned
   offsets. ``decode_batch`` rebuilds the structure with tensors that are
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import random
 import struct
@@ -41,30 +44,43 @@ def _pickle_module():
         return pickle
 
 
-def encode_job(dataset: Any, collate_fn: Callable | None) -> bytes:
-    """The CONFIGURE payload; raises ValueError naming what does not pickle."""
+def encode_job(dataset: Any, collate_fn: Callable | None, skip: bool = False) -> bytes:
+    """The CONFIGURE payload; raises ValueError naming what does not pickle. ``skip``: a sample
+    the dataset cannot make is left out of its batch instead of failing it."""
     try:
         inner = _pickle_module().dumps((dataset, collate_fn), protocol=pickle.HIGHEST_PROTOCOL)
         # The import path travels outside, so it is in place before the
-        # dataset's modules are looked up.
-        return pickle.dumps((list(sys.path), inner), protocol=pickle.HIGHEST_PROTOCOL)
+        # dataset's modules are looked up; PIL's process-wide switch travels
+        # too, so a worker reads truncated images as the trainer's PIL would.
+        return pickle.dumps((list(sys.path), inner, {"skip": bool(skip), "load_truncated_images": _pil_truncated()}),
+                            protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:  # pickling raises many kinds
         raise ValueError(f"the dataset or collate_fn cannot be pickled for the offloaders: {e}") from e
 
 
-def load_job(blob: bytes) -> tuple[Any, Callable]:
-    """(dataset, collate_fn) from encode_job's bytes; None means torch's default_collate."""
+def _pil_truncated() -> bool:
+    """PIL.ImageFile.LOAD_TRUNCATED_IMAGES here (False when PIL was never imported)."""
+    image_file = sys.modules.get("PIL.ImageFile")
+    return bool(getattr(image_file, "LOAD_TRUNCATED_IMAGES", False))
+
+
+def load_job(blob: bytes) -> tuple[Any, Callable, bool]:
+    """(dataset, collate_fn, skip) from encode_job's bytes; None means torch's default_collate."""
     # The trainer's modules are found through its import path; a daemon on
     # another host needs the same code at the same place, as any worker would.
-    path, inner = pickle.loads(blob)
+    path, inner, options = pickle.loads(blob)
     for p in path:
         if p not in sys.path:
             sys.path.append(p)
+    if options["load_truncated_images"]:
+        from PIL import ImageFile
+
+        ImageFile.LOAD_TRUNCATED_IMAGES = True
     dataset, collate_fn = pickle.loads(inner)
     if collate_fn is None:
         from torch.utils.data import default_collate
         collate_fn = default_collate
-    return dataset, collate_fn
+    return dataset, collate_fn, options["skip"]
 
 
 def batch_seed(seed: int, epoch: int, indices) -> int:
@@ -74,12 +90,43 @@ def batch_seed(seed: int, epoch: int, indices) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def make_batch(dataset: Any, collate_fn: Callable, seed: int, epoch: int, indices) -> Any:
+def sample_name(dataset: Any, index: int) -> str:
+    """Sample `index` as an error names it: its file where the dataset lists them (torchvision's
+    DatasetFolder ``samples``, ``imgs``), else its index."""
+    for attr in ("samples", "imgs"):
+        listed = getattr(dataset, attr, None)
+        try:
+            entry = listed[index] if listed is not None else None
+            path = entry[0] if isinstance(entry, (tuple, list)) else entry
+            if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
+                return f"{index} ({os.fsdecode(path)})"
+        except Exception:  # a listing of another shape names nothing
+            pass
+    return str(index)
+
+
+def make_batch(dataset: Any, collate_fn: Callable, seed: int, epoch: int, indices,
+               skip: bool = False) -> tuple[Any, list[tuple[int, str]]]:
+    """(the collated batch, [(index, reason) skipped]). A sample the dataset cannot make raises
+    dlop.SampleError naming it and why, or with ``skip`` is left out (the batch is None when no
+    sample is left). The random state is seeded from (seed, epoch, indices) before the first
+    sample, so a batch is the same wherever it is made, skipped samples included."""
+    from dlop.errors import SampleError
+
     s = batch_seed(seed, epoch, indices)
     random.seed(s)
     np.random.seed(s % 2**32)
     torch.manual_seed(s)
-    return collate_fn([dataset[int(i)] for i in indices])
+    samples, skipped = [], []
+    for i in indices:
+        try:
+            samples.append(dataset[int(i)])
+        except Exception as e:  # whatever the dataset raises is this sample's failure
+            reason = f"sample {sample_name(dataset, int(i))}: {type(e).__name__}: {e}"
+            if not skip:
+                raise SampleError(reason) from e
+            skipped.append((int(i), reason))
+    return (collate_fn(samples) if samples else None), skipped
 
 
 def encode_batch(obj: Any) -> bytes:

@@ -48,11 +48,12 @@ def main(argv: list[str]) -> int:
         import torch
         torch.set_num_threads(1)
         from dlop.data import _python_job as job
+        from dlop.errors import SampleError
         # A torchvision built for another torch loads only through dlop's shim (as in the trainer);
         # imported only if the dataset needs it: it is half of a worker's start.
         from dlop._torchvision_compat import import_on_demand
         import_on_demand()
-        dataset, collate_fn = job.load_job(blob)
+        dataset, collate_fn, skip = job.load_job(blob)
         size = len(dataset)
     except Exception as e:
         _error(sock, f"loading the dataset failed: {type(e).__name__}: {e}")
@@ -65,11 +66,16 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         try:
-            parts = job.encode_batch_parts(job.make_batch(dataset, collate_fn, seed, epoch, indices))
-        except Exception:
-            _error(sock, "the dataset or collate_fn raised:\n" + traceback.format_exc(limit=8))
+            batch, skipped = job.make_batch(dataset, collate_fn, seed, epoch, indices, skip)
+            # The skipped samples travel with the batch, so the trainer counts them.
+            parts = job.encode_batch_parts((batch, skipped))
+        except SampleError as e:  # it names the sample and why
+            _error(sock, str(e))
             continue
-        sock.sendall(struct.pack("<BIQ", 0, count, sum(memoryview(p).nbytes for p in parts)))
+        except Exception:
+            _error(sock, "the collate_fn raised:\n" + traceback.format_exc(limit=8))
+            continue
+        sock.sendall(struct.pack("<BIQ", 0, count - len(skipped), sum(memoryview(p).nbytes for p in parts)))
         for p in parts:  # the tensors' memory goes to the socket as it is
             sock.sendall(p)
 

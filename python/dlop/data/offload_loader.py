@@ -9,6 +9,7 @@ offloaded path and the local fallback yield the same batches. With
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import gc
@@ -17,6 +18,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -129,18 +131,48 @@ def _native_batch(samples, labels, lengths, transcripts=None) -> tuple:
     return samples[..., :longest], labels, lengths
 
 
-def _python_worker_init(dataset, collate_fn) -> None:
+def _python_worker_init(dataset, collate_fn, skip: bool) -> None:
     if collate_fn is None:
         from torch.utils.data import default_collate
         collate_fn = default_collate
     torch.set_num_threads(1)
     _worker_state["dataset"] = dataset
     _worker_state["collate_fn"] = collate_fn
+    _worker_state["skip"] = skip
 
 
 def _python_worker_batch(indices: list[int], seed: int, epoch: int) -> bytes:
-    batch = _python_job.make_batch(_worker_state["dataset"], _worker_state["collate_fn"], seed, epoch, indices)
-    return _python_job.encode_batch(batch)
+    made = _python_job.make_batch(_worker_state["dataset"], _worker_state["collate_fn"], seed, epoch, indices,
+                                  _worker_state["skip"])
+    return _python_job.encode_batch(made)  # (batch, skipped), as a daemon's worker sends it
+
+
+# Loaders whose lease manager may still hold daemon connections.
+_open_loaders: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """Closes the daemon connections the interpreter would leave open at exit: each takes in the
+    daemon's last answers and batches first, where the process ending over them would reset the
+    connection and leave UCX messages unmatched (noise in every daemon's log)."""
+    for loader in list(_open_loaders):
+        # Batches the script still holds view the manager's buffers, so it is closed, not freed.
+        manager, loader._manager = loader._manager, None
+        if manager is not None:
+            manager.close()
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel for the first frame outside this package: the user's line
+    that made or iterated the loader, whichever of dlop's frames the warning comes from."""
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class OffloadLoader:
@@ -176,6 +208,14 @@ class OffloadLoader:
     ``False``: never): while one is in flight, a batch not due by the next
     step moves at DLOP_DATA_RATE_MBPS at most. DLOP_TRAFFIC_CLASSES=0 turns
     this off with the rest of the scheduling.
+
+    A sample that cannot be read raises dlop.SampleError naming it, made
+    offloaded or locally; ``on_error="skip"`` leaves it out of its batch
+    instead (the spec's ``on_error``; on the Python path, whatever the
+    dataset raises for a sample) and counts it in ``stats().samples_skipped``.
+    A local folder is listed here when the loader is made: one holding files
+    torchvision's ImageFolder lists but the native decoders do not read
+    (.bmp, .webp, ...) is refused, naming them.
 
     ``fallback`` says what happens when no daemon serves the loader (none
     answers, each refuses its token or configuration, the token is missing, or
@@ -218,21 +258,26 @@ class OffloadLoader:
         drop_last: bool = False,
         workers: int = 2,
         lease_timeout: float = 30.0,
-        no_daemon_timeout: float = 10.0,
+        no_daemon_timeout: float = 0.0,
         connect_timeout: float = 5.0,
         dataset: Any = None,
         collate_fn: Any = None,
         device: Any = None,
         process_group: Any = None,
         fallback: str | None = None,
+        on_error: str | None = None,
     ) -> None:
         if (dataset is None) == (source is None):
             raise ValueError("OffloadLoader: give either source and transform (native) or dataset (Python path)")
         self.dataset, self.collate_fn, self._job = dataset, collate_fn, b""
         self.device = _device.accelerator_device(device)  # ValueError when this torch lacks that device
+        if on_error not in (None, "raise", "skip"):
+            raise ValueError(f"OffloadLoader: on_error is \"raise\" or \"skip\", not {on_error!r}")
+        self._skip = on_error == "skip"
         if dataset is not None:
             self.source, self.transform, self.kind = "", "", "python"
-            self._job = _python_job.encode_job(dataset, collate_fn)  # ValueError when it does not pickle
+            # ValueError when it does not pickle.
+            self._job = _python_job.encode_job(dataset, collate_fn, skip=self._skip)
             self._dataset_size = len(dataset)
         else:
             if transform is None:
@@ -241,12 +286,18 @@ class OffloadLoader:
             self.source = _absolute("::".join(map(os.fspath, source)) if isinstance(source, (list, tuple))
                                     else os.fspath(source))
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
+            if on_error is not None:  # the loader's policy is the spec's
+                self.transform = json.dumps({**json.loads(self.transform), "on_error": on_error})
             self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
             if self.kind == "image" and _native.Pipeline(self.transform).fixed_shape is None:
                 raise ValueError("OffloadLoader: the transform spec's ops leave each image its own size, and a batch "
                                  "stacks them: end the ops with random_resized_crop, center_crop, or resize to "
                                  "[height, width]")
             self._dataset_size = None
+            if os.path.isdir(self.source):
+                # Listed here, so that files the native decoders cannot read (a .bmp or .webp
+                # torchvision's ImageFolder would list) are refused by name now, not by a daemon.
+                self._dataset_size = len(_native.open_source(self.source, self.kind))
         self._transcripts = manifest_transcripts(self.source) if self.source else None
         if self.dataset is None:  # what DataLoader code reads as loader.dataset (len() of it)
             self.dataset = _loader_view.SourceDataset(self)
@@ -318,6 +369,7 @@ class OffloadLoader:
             self._stats.read(self._manager)
         # With DLOP_METRICS_PORT: the endpoint, if not up yet (a taken port warns).
         self.metrics_labels = metrics.serve(self)
+        _open_loaders.add(self)
 
     def _fall_back(self, why: str, cause: BaseException | None = None) -> None:
         """No daemon serves this loader: raise, or say so (fallback "warn"); the caller goes local."""
@@ -332,7 +384,7 @@ class OffloadLoader:
             f"dlop.data.OffloadLoader: {why}; "
             f"making batches locally in {self.workers} worker processes",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
 
     @property
@@ -487,12 +539,17 @@ class OffloadLoader:
                 position, samples, labels, held, skipped, lengths = got
                 self._stats.offloaded(m)
                 self._position = position + 1
-                if labels is None:  # the Python path: samples is the batch blob
-                    batch = _python_job.decode_batch(samples)
+                if labels is None:  # the Python path: samples is the blob of (batch, skipped)
+                    batch, skipped = _python_job.decode_batch(samples)
+                    self._stats.skipped(len(skipped))
+                    if batch is not None:
+                        batch, held = self._hand_out(m, batch, held)
+                        yield batch
                 else:
+                    self._stats.skipped(len(skipped))
                     batch = _native_batch(samples, labels, lengths, self._batch_transcripts(position, skipped))
-                batch, held = self._hand_out(m, batch, held)
-                yield batch
+                    batch, held = self._hand_out(m, batch, held)
+                    yield batch
         finally:
             if held is not None and self._manager is not None:
                 m.release(held)
@@ -530,7 +587,8 @@ class OffloadLoader:
             max_workers=max(1, self.workers),
             mp_context=mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn"),
             initializer=_python_worker_init if self.kind == "python" else _worker_init,
-            initargs=(self.dataset, self.collate_fn) if self.kind == "python" else (self.source, self.transform),
+            initargs=((self.dataset, self.collate_fn, self._skip) if self.kind == "python"
+                      else (self.source, self.transform)),
         ) as pool:
             # A bounded window of batches in flight, as with offloaders: memory
             # stays bounded whatever the epoch's length.
@@ -544,8 +602,12 @@ class OffloadLoader:
                 self._stats.local(len(window))
                 self._position = start + k + 1
                 if self.kind == "python":
-                    yield _python_job.decode_batch(bytearray(got))
+                    batch, skipped = _python_job.decode_batch(bytearray(got))
+                    self._stats.skipped(len(skipped))
+                    if batch is not None:
+                        yield batch
                 else:
                     samples, labels, lengths, skipped = got
+                    self._stats.skipped(len(skipped))
                     yield _native_batch(*(None if a is None else torch.from_numpy(a) for a in (samples, labels, lengths)),
                                         self._batch_transcripts(start + k, skipped))

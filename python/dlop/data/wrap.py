@@ -1,9 +1,10 @@
 """dlop.data.offload(loader): an existing DataLoader's work, offloaded.
 
-A torchvision ``ImageFolder`` whose transform is a ``Compose`` of
-RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, ToTensor /
-PILToTensor and a final Normalize, batched by default_collate, runs on the
-native pipeline. Any other map-style dataset and collate_fn that pickle run
+A torchvision ``ImageFolder`` of JPEG and PNG files whose transform is a
+``Compose`` of RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip,
+ToTensor / PILToTensor and a final Normalize, batched by default_collate,
+runs on the native pipeline (unless PIL.ImageFile.LOAD_TRUNCATED_IMAGES is
+set). Any other map-style dataset and collate_fn that pickle run
 on the generic Python path (the daemons' Python workers). The sampler must be
 one dlop reproduces either way.
 """
@@ -114,6 +115,29 @@ def _order(loader: Any, seed: int) -> tuple[bool, int, bool]:
                      "RandomSampler, SequentialSampler and DistributedSampler")
 
 
+# The files the native decoders read, by extension (torchvision's ImageFolder lists more: .bmp, .webp, ...).
+_NATIVE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+def _native_files(dataset: Any, folder: Any) -> None:
+    """ValueError unless the native folder source lists exactly the dataset's samples and decodes them
+    as its PIL loader would: torchvision's extensions and loader, JPEG and PNG files only, and PIL
+    failing on a truncated image (LOAD_TRUNCATED_IMAGES fills it in, which only PIL does as PIL)."""
+    import sys
+
+    if getattr(dataset, "extensions", None) != folder.IMG_EXTENSIONS:
+        raise ValueError(f"dlop.data.offload: the ImageFolder picks its files itself (is_valid_file); {_GENERIC}")
+    if dataset.loader is not folder.default_loader:
+        raise ValueError(f"dlop.data.offload: the ImageFolder has its own loader; {_GENERIC}")
+    other = [path for path, _ in dataset.samples if not path.lower().endswith(_NATIVE_EXTENSIONS)]
+    if other:
+        raise ValueError(f"dlop.data.offload: {len(other)} file(s) are neither JPEG nor PNG ({other[0]}"
+                         f"{', ...' if len(other) > 1 else ''}); {_GENERIC}")
+    if getattr(sys.modules.get("PIL.ImageFile"), "LOAD_TRUNCATED_IMAGES", False):
+        raise ValueError("dlop.data.offload: PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set, and only PIL fills in a "
+                         f"truncated image as PIL does; {_GENERIC}")
+
+
 def native_source(loader: Any) -> tuple[str, dict]:
     """(image folder, transform spec) when the native pipeline reproduces `loader`, else ValueError saying why."""
     from dlop._torchvision_compat import import_torchvision
@@ -125,6 +149,7 @@ def native_source(loader: Any) -> tuple[str, dict]:
         raise ValueError(f"dlop.data.offload: the dataset is a {type(dataset).__name__}, not an ImageFolder; {_GENERIC}")
     if dataset.target_transform is not None:
         raise ValueError(f"dlop.data.offload: target_transform is not supported natively; {_GENERIC}")
+    _native_files(dataset, import_torchvision().datasets.folder)
     if loader.collate_fn is not default_collate:
         raise ValueError(f"dlop.data.offload: a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')}) "
                          f"has no native equivalent; {_GENERIC}")

@@ -45,7 +45,7 @@ export VENV
 
 .DEFAULT_GOAL := help
 .NOTPARALLEL:
-.PHONY: help deps system venv configure build demo test test-cpp test-python check-bench \
+.PHONY: help deps system venv configure build demo test test-cpp test-python check-bench gpu-carry \
   test-asan test-tsan test-tsan-engine sanitize check clean distclean
 
 help:
@@ -55,6 +55,7 @@ help:
 	@echo '  test         set-up, build, then the C++ suites (ctest) and the Python suites (pytest); prints each stage'"'"'s time'
 	@echo '  check-bench  the benchmark lab'"'"'s smoke tests (tests/bench: bench/ run at tiny sizes; CI runs it after test)'
 	@echo '  sanitize     the C++ suites under ASan+UBSan, the engine under TSan (CI runs it after check-bench)'
+	@echo '  gpu-carry    make here what a lent GPU machine lacks (.gpu_deps, .gpu_data), check it fits, print the carry list'
 	@echo '  check        the quick loop: incremental build, then the tests of the layers touched since HEAD'
 	@echo '               (T=scheduler: a layer; T=tests/python/x.py or T="-R Regex": pytest or ctest arguments)'
 	@echo '  build        install what is missing, configure and build in $(BUILD)/, install the executables into $(VENV)/bin'
@@ -163,6 +164,13 @@ test-tsan-engine: deps
 	$(CMAKE) --build $(BUILD_TSAN) -j$(JOBS) --target dlop_scheduler_tests dlop_core_tests
 	$(SAN_ENV) $(CTEST_RUN) $(BUILD_TSAN) -R '^(Communicator|WaitPolicy|InlinePath|ReadyEvent)\.|/(InlinePathRanks|ShmEngineKill)\.'
 
+
+# ---- a lent GPU machine ---------------------------------------------------------
+
+# What the GPU scripts' commands carry there (scripts/gpu_plan.md): made once, checked against the 64 MiB a
+# device run copies. check-bench rehearses the scripts themselves (tests/bench/test_gpu_plan.py).
+gpu-carry: venv
+	@PYTHON=$(VENV_PY) scripts/gpu_carry.sh
 
 # ---- cleaning ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@
     bench/pack_results.py RUN_FOLDER...
     bench/pack_results.py --summary-omit measurements RUN_FOLDER     # a linearity report
     bench/pack_results.py --drop '*.png' --why 'WHY' RUN_FOLDER       # plots no README shows
+    bench/pack_results.py --check-return FOLDER    # fits what a lent GPU machine's $OUT brings back
 
 A packed run folder holds:
 
@@ -26,6 +27,11 @@ removed. Packing a packed folder changes nothing; files added to it since
 are merged into raw.tar.xz and summary.json is made again from all of it.
 Only the standard library is used, so bench/run_*.sh can call it with any
 python3.
+
+--check-return says whether a folder fits what a command on a lent GPU
+machine brings back from its $OUT (RETURN_LIMITS): the GPU scripts pack
+their run there and check it before the command ends, and the rehearsal in
+tests/bench/test_gpu_plan.py checks the same.
 """
 
 from __future__ import annotations
@@ -46,6 +52,33 @@ README = "README.md"
 PLOTS = (".png", ".svg")
 MARK = "<!-- Files: written by bench/pack_results.py -->"
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
+# What a command on the lent GPU machine brings back of its $OUT: more files, larger ones, deeper ones or
+# names of other characters stay behind.
+RETURN_LIMITS = {"files": 8, "file_bytes": 16 << 20, "total_bytes": 64 << 20, "folders_down": 2}
+RETURN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def return_problems(folder: Path) -> list[str]:
+    """Why `folder` would not come back whole from a lent GPU machine's $OUT (empty: it would)."""
+    problems, files, total = [], [], 0
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(not RETURN_NAME.fullmatch(part) for part in rel.parts):
+            problems.append(f"{rel}: a name of other characters than letters, digits, '.', '_' and '-'")
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            problems.append(f"{rel}: not a plain file or folder")
+        elif path.is_file():
+            files.append(rel)
+            total += path.stat().st_size
+            if len(rel.parts) - 1 > RETURN_LIMITS["folders_down"]:
+                problems.append(f"{rel}: more than {RETURN_LIMITS['folders_down']} folders down")
+            if path.stat().st_size > RETURN_LIMITS["file_bytes"]:
+                problems.append(f"{rel}: {path.stat().st_size} bytes, over {RETURN_LIMITS['file_bytes']}")
+    if len(files) > RETURN_LIMITS["files"]:
+        problems.append(f"{len(files)} files, over {RETURN_LIMITS['files']}: {', '.join(map(str, files))}")
+    if total > RETURN_LIMITS["total_bytes"]:
+        problems.append(f"{total} bytes in all, over {RETURN_LIMITS['total_bytes']}")
+    return problems
 
 
 def _documents(data: bytes) -> list | None:
@@ -274,7 +307,17 @@ def main(argv=None) -> int:
     p.add_argument("--summary-omit", action="append", default=[], metavar="KEY",
                    help="a top-level key of the JSON files that summary.json leaves to the archive "
                         "(e.g. a linearity report's per-run `measurements`)")
+    p.add_argument("--check-return", action="store_true",
+                   help="pack nothing: say whether each folder fits what a lent GPU machine's $OUT brings back")
     args = p.parse_args(argv)
+    if args.check_return:
+        bad = 0
+        for folder in args.folders:
+            problems = return_problems(Path(folder))
+            print(f"{folder}: " + ("fits the device machine's return limits" if not problems else
+                                   "would not come back whole: " + "; ".join(problems)))
+            bad += bool(problems)
+        return 1 if bad else 0
     for folder in args.folders:
         print(pack(Path(folder), args.drop, args.why, args.summary_omit))
     return 0

@@ -1,146 +1,164 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs, torch and NCCL (and no internet): confirms on
-# CUDA what the test accelerator proves in CI, in about 5 minutes after the
-# build. One command:
+# CUDA what the test accelerator proves in CI. Two commands, each planned for
+# at most 8 minutes with the build (scripts/gpu_plan.md has the whole visit):
 #
-#   scripts/gpu_check.sh [OUT]          (OUT: where results go, default bench/results/gpu_check/<date>-<commit>)
+#   scripts/gpu_check.sh ddp "$OUT"     the DDP step on one GPU shared by two ranks
+#   scripts/gpu_check.sh tests "$OUT"   the device tests and the collective benchmarks
 #
-# It builds dlop against the torch found there (with the Debian packages of
-# .gpu_deps/, made here by scripts/gpu_deps.sh, where the machine lacks them;
-# FFmpeg and the audio libraries among them, so the build has media),
-# then runs:
-#   0. a small all-reduce on CPU and on the device with UCX's lanes logged (smoke_*);
-#   1. the device tests (tests/python/test_c10d_device.py) on the device,
-#      staged (DLOP_DEVICE_BACKEND=staged), reduced in the memory of GPU 0
-#      where ranks share it (auto, one GPU visible), and delegated to NCCL
-#      (auto) where there are two GPUs or more;
-#   2. bench.ddp_overlap: DDP's overlap efficiency, dlop (staged, then in
-#      shared device memory) against Gloo, 2 ranks sharing GPU 0 (compute
-#      alone, the step's all-reduces alone, the step, and per bucket when it
-#      was computed and done);
-#   3. bench.c10d on device tensors: 2 ranks on 2 GPUs against NCCL (where
-#      there are two), and 2 ranks sharing GPU 0 against Gloo (in its memory);
-#      bench.device (the staged 64 MiB all-reduce against its parts);
-#   4. examples/imagenet_ddp.py (ResNet-50, synthetic images) with
-#      --dist-backend dlop and nccl (two GPUs), or dlop and gloo (one GPU shared);
-#   5. the same with DLOP_TRACE, summarised by `dlop report trace`: how long
-#      each all-reduce waited for its copies and ran.
-# Every output goes to OUT with the machine's description. Not part of `make test`.
+# Each starts with a preflight (scripts/gpu_preflight.py, at most 15 s, naming
+# every missing piece: torch and CUDA, nvidia-smi, /dev/shm, ptrace for CUDA
+# IPC), builds dlop against the torch found there (scripts/gpu_build.sh, with
+# the carried .gpu_deps/; incremental on a machine that kept build-gpu/), and
+# checks the clock before each step (scripts/gpu_lib.sh): steps that would end
+# past GPU_BUDGET seconds (default 480) are skipped, and README.md names them.
+# The run is packed into OUT as bench/results/ keeps it (README.md,
+# summary.json, raw.tar.xz); OUT defaults to
+# bench/results/gpu_check[_tests]/<date>-<commit>.
 #
-# DEV=dlop_test rehearses the whole script here, on the test accelerator and
-# the existing build, with small sizes (minutes on 2 cores).
+# Every step on the shared path runs with DLOP_DEVICE_BACKEND=shared, which
+# fails a group whose handle exchange fails instead of staging, and asserts
+# that the ranks' groups reduced in the device's memory (pg.shared_device:
+# scripts/gpu_shared_probe.py; the group's log line, or ddp_overlap's
+# device_path, in the other steps).
+#
+# ddp, in order of what a short visit must not miss:
+#   smoke_cpu, smoke_DEV   one small all-reduce, UCX's lanes logged;
+#   shared_probe           pg.shared_device on each of 2 ranks sharing GPU 0;
+#   ddp_staged, ddp_gloo, ddp_staged_traced, ddp_shared, trace_summary:
+#                          examples/imagenet_ddp.py (ResNet-50, synthetic images)
+#                          on the same single GPU, dlop staged (the 0.66x case)
+#                          against Gloo, then staged with DLOP_TRACE (summarised by
+#                          dlop.report.trace: when each all-reduce waited for its
+#                          copies and ran), then in shared device memory;
+#                          ddp_vs_gloo.json holds the images/s and the ratios;
+#   overlap_staged, overlap_shared: bench.ddp_overlap, dlop against Gloo.
+# tests:
+#   tests_shared, tests_staged: tests/python/test_c10d_device.py on the device;
+#   tests_nccl (two GPUs or more); c10d_shared_gpu_gloo; c10d_2gpus_nccl (two
+#   GPUs); device_staging (bench.device).
+#
+# DEV=dlop_test rehearses either part here, on the test accelerator and the
+# existing build, with small sizes (no Gloo: it cannot serve dlop_test).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$PWD
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 PY=${PYTHON:-python3}
-REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEV=${DEV:-cuda}
-OUT=${1:-bench/results/gpu_check/$(date -u +%Y-%m-%d)-$REV}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/gpu_check.log") 2>&1
-
+PART=${1:-}
+[[ $PART == ddp || $PART == tests ]] || { echo "usage: scripts/gpu_check.sh ddp|tests [OUT]" >&2; exit 2; }
+BENCH=gpu_check; [[ $PART == tests ]] && BENCH=gpu_check_tests
+source scripts/gpu_lib.sh
+REV=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_data/rev 2>/dev/null || echo unknown)
+gpu_begin "$BENCH" "${2:-bench/results/$BENCH/$(date -u +%Y-%m-%d)-$REV}"
+GPU_DROP="raw/trace/* raw/overlap_trace/*"  # dropped only where the pack would not come back whole
+COMMAND="DEV=$DEV GPU_BUDGET=$BUDGET scripts/gpu_check.sh $PART OUT"
 {
-  echo "# gpu_check at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "command: scripts/gpu_check.sh $*"
+  echo "command: $COMMAND"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
-    sed 's/^/gpu: /'
-  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
-                                "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)'
-} | tee "$OUT/machine.txt"
-START=$(date +%s)
+  command -v nvidia-smi >/dev/null && timeout 8 nvidia-smi --query-gpu=name,memory.total,driver_version \
+    --format=csv,noheader | sed 's/^/gpu: /'
+} | tee "$WORK/machine.txt"
+
+gpu_readme() {
+  echo "# $BENCH: scripts/gpu_check.sh $PART on $DEV"
+  echo
+  echo "- Date: $DATE (UTC)"
+  echo "- Commit: $REV"
+  echo "- Machine: $(grep -E '^(cpu|gpu|torch)' "$WORK/machine.txt" | cut -d' ' -f2- | paste -sd ';' -)"
+  echo "- Command: \`$COMMAND\` (scripts/gpu_plan.md)"
+  [[ -s $WORK/notes.txt ]] && { echo; sed 's/^/- /' "$WORK/notes.txt"; }
+  echo
+  echo "## Steps"
+  echo
+  gpu_steps_md
+}
+
+# --- preflight, then the build
+need=torch,shm,cores
+[[ $DEV == cuda ]] && need+=,nvidia-smi,disk,ptrace
+gpu_preflight --need "$need" --min-cores 2 --json "$WORK/preflight.json"
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)' >>"$WORK/machine.txt"
 if [[ $DEV == cuda ]]; then
-  # --- dependencies and the build (exports what running dlop needs)
-  source scripts/gpu_build.sh "$OUT" || exit 1
+  gpu_step build 240 bash -c 'source scripts/gpu_build.sh "$1"' _ "$WORK/build" || exit 1
+  source scripts/gpu_build.sh "$WORK/build" >/dev/null || exit 1
   GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
   OVERLAP=(--width 1024 --layers 8 --batch 16384 --steps 10 --warmup 3)
   C10D_MAX=64M
-  IMAGENET=(--arch resnet50 --batch-size 64 --steps 20 --epochs 1)
+  IMAGENET=(--arch resnet50 --batch-size 64 --steps 20 --epochs 3)
+  EST_RUN=45 EST_TESTS=150
 else
   GPUS=1  # a rehearsal: the test accelerator, its devices shared like one GPU
   OVERLAP=()
   C10D_MAX=1M
-  IMAGENET=(--arch resnet18 --batch-size 2 --image-size 32 --classes 10 --steps 2 --epochs 1)
+  IMAGENET=(--arch resnet18 --batch-size 2 --image-size 32 --classes 10 --steps 2 --epochs 2)
+  EST_RUN=30 EST_TESTS=240
 fi
-echo "build done after $(($(date +%s) - START)) s"
-
-
-status=0
-run() {  # run NAME COMMAND...: its output to OUT/NAME.txt, and a line saying how it went
-  local name=$1; shift
-  echo "== $name: $*"
-  if "$@" >"$OUT/$name.txt" 2>&1; then echo "   ok"; else echo "   FAILED (see $OUT/$name.txt)"; tail -15 "$OUT/$name.txt"; status=1; fi
-}
 TORCHRUN=("$PY" -m torch.distributed.run --nproc-per-node 2)
-# Ranks sharing one device (auto: all-reduces in its memory).
-SHARED=(CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=auto)
+# Ranks sharing one device, reducing in its memory or failing.
+SHARED=(CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=shared DLOP_LOG_LEVEL=info)
 [[ $DEV == dlop_test ]] && SHARED+=(DLOP_TEST_DEVICE_COUNT=1)
+peers=dlop,gloo; [[ $DEV == dlop_test ]] && peers=dlop  # Gloo serves CPU and CUDA only
 
-# 0. smoke: one small all-reduce on CPU, then on CUDA, logging UCX's lanes, so
-# a machine where nothing runs says why in a few seconds.
-ucx_info -d >"$OUT/ucx_info.txt" 2>&1 || true
-for dev in cpu "$DEV"; do
-  impls=dlop,gloo; [[ $dev == dlop_test ]] && impls=dlop  # Gloo serves CPU and CUDA only
-  run "smoke_$dev" timeout 120 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m bench.c10d \
-    --device "$dev" --impls "$impls" --ops all_reduce --sizes 8,1M -r 1
-done
+# assert_shared NAME: both ranks' groups of step NAME logged that they reduce in the device's memory.
+assert_shared() {
+  local got; got=$(grep -c 'all-reduces reduce in its memory' "$WORK/$1.txt" 2>/dev/null)
+  if ((${got:-0} >= 2)) && ! grep -q 'are staged:' "$WORK/$1.txt"; then
+    echo "   shared device memory: $got groups said so"
+  else
+    echo "   NOT SHARED: $1's ranks did not all reduce in device memory (${got:-0} log lines)"
+    printf '%s\tFAILED\t0\tthe ranks did not all reduce in device memory\n' "$1-shared" >>"$WORK/steps.tsv"
+    STATUS=1
+  fi
+}
 
-# 1. the device tests (stopping at the first failure, with its traceback)
-export DLOP_TEST_ACCELERATOR=$DEV DLOP_TEST_TIMEOUT=120
-PYTEST=("$PY" -m pytest -q -x -rfE --tb=short -p no:cacheprovider)
-run tests_staged env DLOP_DEVICE_BACKEND=staged "${PYTEST[@]}" tests/python/test_c10d_device.py
-run tests_shared env "${SHARED[@]}" "${PYTEST[@]}" tests/python/test_c10d_device.py
-if ((GPUS >= 2)); then
-  run tests_nccl env DLOP_DEVICE_BACKEND=auto "${PYTEST[@]}" tests/python/test_c10d_device.py -k "2ranks or ddp"
+if [[ $PART == ddp ]]; then
+  for dev in cpu "$DEV"; do
+    impls=dlop,gloo; [[ $dev == dlop_test ]] && impls=dlop
+    gpu_step "smoke_$dev" 30 env DLOP_LOG_LEVEL=info CUDA_VISIBLE_DEVICES=0 "${TORCHRUN[@]}" -m bench.c10d \
+      --device "$dev" --impls "$impls" --ops all_reduce --sizes 8,1M -r 1
+  done
+  gpu_step shared_probe 30 env "${SHARED[@]}" "${TORCHRUN[@]}" scripts/gpu_shared_probe.py --device "$DEV" &&
+    cat "$WORK/shared_probe.txt" | grep '^rank .*shared_device'
+
+  # The staged DDP step against Gloo on the same single GPU (0.66-0.69x on an H100 at 55294a6), with its trace.
+  run_ddp() {  # run_ddp NAME BACKEND ENV...
+    local name=$1 backend=$2; shift 2
+    gpu_step "$name" "$EST_RUN" env CUDA_VISIBLE_DEVICES=0 "$@" "${TORCHRUN[@]}" examples/imagenet_ddp.py \
+      --dist-backend "$backend" --device "$DEV" "${IMAGENET[@]}" && grep -h 'images/s' "$WORK/$name.txt" | tail -1
+  }
+  run_ddp ddp_staged dlop DLOP_DEVICE_BACKEND=staged
+  [[ $DEV == cuda ]] && run_ddp ddp_gloo gloo
+  run_ddp ddp_staged_traced dlop DLOP_DEVICE_BACKEND=staged DLOP_TRACE="$WORK/raw/trace"
+  run_ddp ddp_shared dlop "${SHARED[@]}" && assert_shared ddp_shared
+  [[ -d $WORK/raw/trace ]] && gpu_step trace_summary 15 "$PY" -m dlop.report.trace "$WORK/raw/trace" \
+    --json "$WORK/trace_summary.json" && head -20 "$WORK/trace_summary.txt"
+  gpu_step ddp_vs_gloo 10 "$PY" scripts/gpu_ddp_summary.py ddp-vs-gloo "$WORK" && cat "$WORK/ddp_vs_gloo.txt"
+
+  gpu_step overlap_staged 60 env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" \
+    -m bench.ddp_overlap --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --trace "$WORK/raw/overlap_trace" \
+    --json "$WORK/ddp_overlap.json"
+  if gpu_step overlap_shared 60 env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.ddp_overlap \
+      --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --json "$WORK/ddp_overlap_shared.json"; then
+    assert_shared overlap_shared
+    "$PY" scripts/gpu_ddp_summary.py device-path "$WORK/ddp_overlap_shared.json" ||
+      { printf 'overlap_shared-path\tFAILED\t0\tdevice_path is not shared\n' >>"$WORK/steps.tsv"; STATUS=1; }
+  fi
+else
+  export DLOP_TEST_ACCELERATOR=$DEV DLOP_TEST_TIMEOUT=120
+  PYTEST=("$PY" -m pytest -q -x -rfE --tb=short -p no:cacheprovider)
+  gpu_step tests_shared "$EST_TESTS" env "${SHARED[@]}" "${PYTEST[@]}" tests/python/test_c10d_device.py
+  gpu_step tests_staged "$EST_TESTS" env DLOP_DEVICE_BACKEND=staged "${PYTEST[@]}" tests/python/test_c10d_device.py
+  ((GPUS >= 2)) && gpu_step tests_nccl "$EST_TESTS" env DLOP_DEVICE_BACKEND=auto "${PYTEST[@]}" \
+    tests/python/test_c10d_device.py -k "2ranks or ddp"
+  unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
+  gpu_step c10d_shared_gpu_gloo 60 env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.c10d --device "$DEV" \
+    --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$WORK/c10d_shared_gpu_gloo.json" &&
+    assert_shared c10d_shared_gpu_gloo
+  ((GPUS >= 2)) && gpu_step c10d_2gpus_nccl 60 env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m bench.c10d \
+    --device cuda --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
+    --json "$WORK/c10d_2gpus_nccl.json"
+  gpu_step device_staging 40 env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.device \
+    --device "$DEV" -r 3 --small-iters 200 --json "$WORK/device_staging.json"
 fi
-unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
-
-# 2. how much of DDP's communication the backward pass hides, dlop against Gloo on one shared GPU
-peers=dlop,gloo; [[ $DEV == dlop_test ]] && peers=dlop
-run ddp_overlap env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.ddp_overlap \
-  --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --trace "$OUT/overlap_trace" --json "$OUT/ddp_overlap.json"
-run ddp_overlap_shared env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.ddp_overlap \
-  --device "$DEV" --backends "$peers" "${OVERLAP[@]}" --json "$OUT/ddp_overlap_shared.json"
-
-# 3. collectives with the peers in the same run
-if ((GPUS >= 2)); then
-  run c10d_2gpus_nccl env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m bench.c10d --device cuda \
-    --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \
-    --json "$OUT/c10d_2gpus_nccl.json"
-fi
-run c10d_shared_gpu_gloo env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.c10d \
-  --device "$DEV" --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$OUT/c10d_shared_gpu_gloo.json"
-run device_staging env CUDA_VISIBLE_DEVICES=0 DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" -m bench.device --device "$DEV" -r 3 \
-  --small-iters 200 --json "$OUT/device_staging.json"
-
-# 4. a DDP ImageNet-style run, dlop against the device's own backend
-if ((GPUS >= 2)); then peer=nccl; vis=(CUDA_VISIBLE_DEVICES=0,1); else peer=gloo; vis=("${SHARED[@]}"); fi
-[[ $DEV == dlop_test ]] && peer=
-for backend in dlop $peer; do
-  run "imagenet_ddp_$backend" env "${vis[@]}" "${TORCHRUN[@]}" examples/imagenet_ddp.py \
-    --dist-backend "$backend" --device "$DEV" "${IMAGENET[@]}"
-done
-
-# 5. when each of a staged DDP step's all-reduces waited for its copies and ran (dlop report trace)
-run imagenet_ddp_dlop_traced env "${vis[@]}" DLOP_TRACE="$OUT/trace" DLOP_DEVICE_BACKEND=staged "${TORCHRUN[@]}" \
-  examples/imagenet_ddp.py --dist-backend dlop --device "$DEV" "${IMAGENET[@]}"
-run trace_summary "$PY" -m dlop.report.trace "$OUT/trace" --json "$OUT/trace_summary.json"
-
-echo "took $(($(date +%s) - START)) s in all"
-# A run folder under bench/results keeps README.md (command, machine, each
-# step's outcome; the figures go in by hand), summary.json, plots and raw.tar.xz.
-if [[ $OUT == bench/results/* ]]; then
-  {
-    echo "# gpu_check, $(date -u +%Y-%m-%d), $REV"
-    echo
-    echo "Command: \`scripts/gpu_check.sh $*\`"
-    echo
-    echo "Machine: $(grep -E '^(cpu|gpu|torch)' "$OUT/machine.txt" | paste -sd ';' -)"
-    echo
-    echo "Steps:"
-    grep -E '^(== |   (ok|FAILED))' "$OUT/gpu_check.log" | paste - - | sed -E 's/^== ([^:]*):.*\t +/- \1: /'
-  } >"$OUT/README.md"
-  "$PY" bench/pack_results.py "$OUT" || status=1
-fi
-echo "results in $OUT"
-exit $status
+gpu_finish

@@ -29,11 +29,12 @@
 #
 # Sizes (2026-11-28, bytes): the Debian .debs 19,400,504 (the audio ones
 # 1,884,328 of it), the FFmpeg archive 1,949,976 (7.7 MB unpacked): .gpu_deps
-# 21,350,480. A device run carries at most 64 MiB (67,108,864): the tracked
-# tree 19.5 MB (bench/results 16.4 MB of it) + .gpu_deps 21.4 MB + .gpu_data
-# 18.0 MB (scripts/gpu_headline.sh --prepare) = 58.9 MB, 8.2 MB to spare.
+# 21,350,480 (ignored by git, like .gpu_data). A device run carries at most
+# 64 MiB: make gpu-carry (scripts/gpu_carry.sh) sums the tree as it would
+# travel and the carried folders, and prints the carry list (2026-12-02: tree
+# 7.5 MiB + .gpu_deps and .gpu_data 37.6 MiB = 45.0 MiB).
 #
-# Usage: scripts/gpu_deps.sh           (once; again only to refresh; FFMPEG=0
+# Usage: scripts/gpu_deps.sh           (make gpu-carry runs it once; again only to refresh; FFMPEG=0
 #                                       skips FFmpeg, JOBS sets its build's jobs)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,7 +55,6 @@ PACKAGES=(
   ninja-build
 )
 mkdir -p .gpu_deps
-grep -qxF '/.gpu_deps/' .git/info/exclude 2>/dev/null || echo '/.gpu_deps/' >>.git/info/exclude
 sudo=(); ((EUID == 0)) || sudo=(sudo)
 "${sudo[@]}" apt-get update -qq
 (cd .gpu_deps && apt-get download "${PACKAGES[@]}")

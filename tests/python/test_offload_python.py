@@ -25,6 +25,7 @@ offload = pytest.importorskip("dlop._C").offload
 if not hasattr(offload, "LeaseManager"):
     pytest.skip("dlop._C was built without the lease manager; rebuild it", allow_module_level=True)
 
+import dlop  # noqa: E402
 from dlop.data import OffloadLoader  # noqa: E402
 
 pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
@@ -265,8 +266,10 @@ def test_an_unpicklable_dataset_is_refused_before_any_work():
 def test_a_daemon_without_python_is_refused_with_the_reason(token_file):
     d = python_daemon(token_file, "--no-python")
     try:
+        with pytest.raises(dlop.NoOffloaderError, match=f"{d.address} refused: .*runs no Python"):
+            OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
         with pytest.warns(RuntimeWarning, match="runs no Python"):
-            loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
+            loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN, fallback="warn")
         assert not loader.offloaded
     finally:
         d.kill()
@@ -275,9 +278,8 @@ def test_a_daemon_without_python_is_refused_with_the_reason(token_file):
 def test_a_daemon_whose_python_cannot_start_workers_says_so(token_file):
     d = python_daemon(token_file, python="/bin/false")
     try:
-        with pytest.warns(RuntimeWarning, match="did not start.*is dlop importable by that Python"):
-            loader = OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
-        assert not loader.offloaded
+        with pytest.raises(dlop.NoOffloaderError, match="did not start.*is dlop importable by that Python"):
+            OffloadLoader(dataset=Mixed(), batch_size=8, offloaders=[d.address], token=TOKEN)
         assert d.proc.poll() is None  # the daemon itself goes on
         children = [c for t in Path(f"/proc/{d.proc.pid}/task").iterdir() for c in (t / "children").read_text().split()]
         assert children == []  # the refused workers were reaped, no zombies

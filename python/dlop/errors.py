@@ -87,7 +87,9 @@ class SystemError(Error, DistBackendError, builtins.OSError):  # noqa: A001  (dl
 
 
 class NoOffloaderError(PeerDeadError):
-    """Every dlop-offloader of an OffloadLoader is gone and none came back in time."""
+    """No dlop-offloader serves an OffloadLoader: none answered, each refused it (its token, its
+    configuration), no token was given, or every one was lost and none came back in time. Raised with
+    ``fallback="error"``, the default when offloaders are named."""
 
 
 _BY_CODE: dict[str, type[Error]] = {

@@ -64,7 +64,7 @@ def test_dlop_run_pins_for_the_current_accelerator(monkeypatch):
 @pytest.mark.parametrize("pin", [True, False])
 def test_dlop_run_generate_pins_as_the_loader_asks(pin):
     class Offloader:  # what _Offloaded._generate reads of an OffloadLoader
-        dataset = None
+        kind = "image"  # a native source's batches, (samples, labels)
         offloaded = True
 
         def __iter__(self):

@@ -18,7 +18,9 @@ clips with PyAV in a torch Dataset (offload_media's reader: seek to the
 keyframe before the clip, decode forward, resize with
 ``F.interpolate(antialias=True)``), the offload rows get them from the
 native pipeline (a ``"kind": "video"`` spec, one view).
-Rows, same run, same seed, same model and batches:
+Rows, same run, same seed, same model (the DataLoader rows take
+DistributedSampler's order, the offloaded rows dlop's own: two permutations of
+the same samples):
 
 * ``stock``: DDP over Gloo, torch's DataLoader (k workers) on each trainer;
 * ``dlop_local``: DDP over dlop, torch's DataLoader on each trainer;
@@ -58,7 +60,10 @@ timed steps and ranks, so that compute + exposed comm + data stall = step):
   backward pass has then computed every gradient) to the completion of the
   last bucket to finish; the communication backward could not hide;
 * ``compute_ms``: step - data stall - exposed comm;
-* ``samples_per_s``: ranks x batch x timed steps / the slowest rank's time;
+* ``samples_per_s``: the samples every rank trained on in its timed steps (as
+  its batches held them) / the slowest rank's time; ``labels_sha1`` is a
+  digest of their labels, rank by rank and in order, so that the samples a
+  row counts can be checked against the sampler's order;
 * ``allreduce_p50_ms``/``allreduce_p99_ms``: bucket all-reduce durations during
   training, every bucket of every timed step and rank, each from the moment
   the last rank handed that bucket over (no all-reduce can start before; all
@@ -359,6 +364,14 @@ def since_last_handover(per_rank: list[list[list[tuple[float, float]]]]) -> tupl
     return durations, skew
 
 
+def labels_digest(ranks: list[dict]) -> str:
+    """sha1 of the timed steps' labels, rank by rank, step by step: '0:3,1,...;1:...'."""
+    import hashlib
+
+    text = ";".join(f"{r['rank']}:" + ",".join(str(int(x)) for step in r["labels"] for x in step) for r in ranks)
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
 def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
     """One run's row from its ranks' measurements (definitions: the module docstring)."""
     def mean(key):
@@ -368,8 +381,9 @@ def summarise(config: str, batch: int, ranks: list[dict]) -> dict:
     durations, skew = since_last_handover([r["buckets"] for r in ranks])
     idle, _ = since_last_handover([r["idle"] for r in ranks])
     replay, _ = since_last_handover([r["replay"] for r in ranks])
-    return {"config": config, "ranks": len(ranks),
-            "samples_per_s": len(ranks) * batch * len(ranks[0]["step"]) / max(r["wall_s"] for r in ranks),
+    samples = sum(len(labels) for r in ranks for labels in r["labels"])
+    return {"config": config, "ranks": len(ranks), "samples": samples, "labels_sha1": labels_digest(ranks),
+            "samples_per_s": samples / max(r["wall_s"] for r in ranks),
             "step_ms": step, "compute_ms": max(0.0, step - data - exposed), "exposed_comm_ms": exposed,
             "data_stall_ms": data, "allreduce_p50_ms": 1e3 * _common.percentile(durations, 0.5),
             "allreduce_p99_ms": 1e3 * _common.percentile(durations, 0.99),

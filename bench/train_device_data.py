@@ -12,6 +12,8 @@ native pipeline cannot reproduce it.
   OpenCV's ``cv2.VideoCapture``; short side to a random size, random crop, flip,
   Kinetics' normalisation; multi-hot targets from a Charades-like CSV manifest
   (:func:`write_charades_manifest`);
+* dlop's native pipeline in the trainer's own process (``native_local``):
+  :class:`NativeLocal`;
 * audio: :class:`AudioFeatures`, soundfile + soxr + torch.stft: 80-bin log-mel
   features of a random 4 s crop with SpecAugment, padded per batch.
 """
@@ -39,14 +41,16 @@ def class_folder(root: str) -> list[tuple[str, int]]:
 
 # --- images ---------------------------------------------------------------
 
-def image_folder(root: str, size: int):
-    """The stock image pipeline, as torchvision's reference scripts write it."""
+def image_folder(root: str, size: int, uint8: bool = False):
+    """The stock image pipeline, as torchvision's reference scripts write it; with `uint8` the workers stop at
+    PILToTensor and the device normalises, as timm's PrefetchLoader and NVIDIA's examples do."""
     from dlop._torchvision_compat import import_torchvision
 
     tv = import_torchvision()
     T = tv.transforms
+    tail = [T.PILToTensor()] if uint8 else [T.ToTensor(), T.Normalize(MEAN, STD)]
     return tv.datasets.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(),
-                                                              T.ToTensor(), T.Normalize(MEAN, STD)]))
+                                                              *tail]))
 
 
 def image_spec(size: int) -> dict:
@@ -143,11 +147,12 @@ def video_reader() -> str | None:
 
 
 class VideoClips:
-    """One clip per sample: C x T x crop x crop float32, normalised, and its multi-hot labels."""
+    """One clip per sample: C x T x crop x crop float32, normalised (with `uint8`: uint8, for the device to
+    normalise), and its multi-hot labels."""
 
-    def __init__(self, manifest: str, clip: dict, reader: str) -> None:
+    def __init__(self, manifest: str, clip: dict, reader: str, uint8: bool = False) -> None:
         self.rows, self.classes = read_manifest(manifest)
-        self.clip, self.reader = clip, reader
+        self.clip, self.reader, self.uint8 = clip, reader, uint8
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -203,7 +208,48 @@ class VideoClips:
         video = torch.from_numpy(frames).permute(0, 3, 1, 2)  # T x C x H x W uint8
         target = torch.zeros(self.classes)
         target[labels] = 1
-        return augment_clip(video, self.clip), target
+        return augment_clip(video, self.clip, normalise=not self.uint8), target
+
+
+# --- dlop's native pipeline in the trainer ----------------------------------
+
+class NativeLocal:
+    """dlop's native pipeline (``BatchMaker``) on `threads` threads of this process, no offloaders: each thread
+    makes whole batches (the GIL is released while it does), 2 per thread in flight, in dlop's sample order
+    (``EpochPlan``, as OffloadLoader's). Yields (samples, labels[, lengths]) CPU tensors."""
+
+    def __init__(self, source: str, spec: dict, batch: int, threads: int, seed: int = 0) -> None:
+        import json
+
+        from dlop import _C
+
+        self.maker = _C.offload.BatchMaker(json.dumps(spec))
+        self.source = _C.offload.open_source(source, self.maker.kind)
+        self.plan = _C.offload.EpochPlan(len(self.source), batch, seed, True, True, 0, 1, [])
+        self.threads, self.seed, self.epoch = max(1, threads), seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _batch(self, indices: list[int]):
+        import torch
+
+        samples, labels, lengths, _ = self.maker.run_batch(self.source, indices, seed=self.seed, epoch=self.epoch)
+        out = (torch.from_numpy(samples), torch.from_numpy(labels))
+        return out if lengths is None else (out[0][..., :int(lengths.max())], out[1], torch.from_numpy(lengths))
+
+    def __iter__(self):
+        import collections
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="native-local") as pool:
+            window, todo = collections.deque(), iter(self.plan.batches(self.epoch))
+            while True:
+                while len(window) < 2 * self.threads and (indices := next(todo, None)) is not None:
+                    window.append(pool.submit(self._batch, indices))
+                if not window:
+                    return
+                yield window.popleft().result()
 
 
 def video_spec(clip: dict) -> dict:

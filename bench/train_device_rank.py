@@ -11,6 +11,15 @@ normalise it there, then forward + backward + optimiser step between two device
 events (the device's busy time). The host runs at most two steps ahead of the
 device, as a loop that reads its loss now and then does: it waits for the end
 event of the step before last.
+
+The timed window starts from steady state, the same way in every row: after the
+warm-up steps (at least one per producer, so that every worker, thread or
+daemon has delivered its first batch) the loader's queue is drained, batches
+taken without training until one has to be waited for, so that no row times
+a head start (a DataLoader's workers fill their queue while the device starts).
+The process writes its pid beside SPEC's "out" as it starts: the driver samples
+its page-locked memory from outside, so that the sampling costs the trainer's
+cores nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ import itertools
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 AHEAD = 2  # steps the host may queue ahead of the device
+# Draining: a batch that comes within max(2 ms, a tenth of a warm-up step) was queued; at most 2 per producer
+# (a DataLoader's prefetch_factor) and 6 more (OffloadLoader's leases ahead and the upload one ahead) are taken.
+DRAIN_QUICK_S, DRAIN_QUICK_SHARE, DRAIN_SLACK = 0.002, 0.1, 6
 
 
 def cpu_seconds(pids) -> float:
@@ -53,37 +64,14 @@ def offloader_pids(spec: dict) -> list[int]:
     return [p for d in spec.get("offloader_pids", []) for p in tree(d)]
 
 
-class PinnedPeak:
-    """Peak page-locked host memory of this process and its workers (VmLck, what mlock holds: dlop's pools),
-    plus the device's pinned-memory allocator where torch reports it (CUDA); sampled every 20 ms."""
+def cuda_host_peak_mib(device) -> float:
+    """The peak of the device's own pinned-memory allocator where torch reports it (CUDA), else 0."""
+    import torch
 
-    def __init__(self, device) -> None:
-        self.device, self.peak, self.stop = device, 0.0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def locked_mib(pid: int) -> float:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                return next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmLck:")), 0.0)
-        except OSError:
-            return 0.0
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.02):
-            self.peak = max(self.peak, sum(self.locked_mib(p) for p in tree(os.getpid())))
-
-    def close(self) -> float:
-        import torch
-
-        self.stop.set()
-        self.thread.join()
-        host = 0.0
-        if self.device.type == "cuda" and hasattr(torch.cuda, "host_memory_stats"):
-            stats = torch.cuda.host_memory_stats()
-            host = max([v for k, v in stats.items() if "allocated_bytes" in k and "peak" in k] or [0]) / 2**20
-        return self.peak + host
+    if device.type != "cuda" or not hasattr(torch.cuda, "host_memory_stats"):
+        return 0.0
+    stats = torch.cuda.host_memory_stats()
+    return max([v for k, v in stats.items() if "allocated_bytes" in k and "peak" in k] or [0]) / 2**20
 
 
 def use_device(name: str):
@@ -100,20 +88,21 @@ def use_device(name: str):
 
 
 def stock_loader(spec: dict, workers: int):
-    """torch's DataLoader as a careful user writes it: the row's dataset, a seeded DistributedSampler (dlop's
-    order), `workers` processes, pinned batches."""
+    """torch's DataLoader as a careful user writes it: the row's dataset, a seeded DistributedSampler (its
+    order; dlop's rows shuffle with their own), `workers` processes, pinned batches; for stock_uint8 the workers ship uint8 and the device
+    normalises (timm's PrefetchLoader)."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     from bench import train_device_data as data
 
-    kind, collate = spec["kind"], None
+    kind, collate, uint8 = spec["kind"], None, spec["row"] == "stock_uint8"
     if spec["row"] == "gpu_decode":
         dataset, collate = data.JpegFiles(spec["data"], decode=spec["device"].split(":")[0] != "cuda"), \
             data.list_collate
     elif kind == "image":
-        dataset = data.image_folder(spec["data"], spec["size"])
+        dataset = data.image_folder(spec["data"], spec["size"], uint8=uint8)
     elif kind == "video":
-        dataset = data.VideoClips(spec["data"], spec["clip"], spec["video_reader"])
+        dataset = data.VideoClips(spec["data"], spec["clip"], spec["video_reader"], uint8=uint8)
     else:
         dataset, collate = data.AudioFeatures(spec["data"], spec["seconds_per_sample"]), data.pad_collate
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
@@ -142,6 +131,18 @@ def offload_loader(spec: dict, device):
         return OffloadLoader(spec["data"], spec_of[spec["kind"]](), **common)
 
 
+def native_local_loader(spec: dict, device):
+    """dlop's native pipeline in this process, on its K cores (no offloaders), uploaded as dlop_offload's
+    batches are."""
+    from bench import train_device_data as data
+    from dlop.data import _device
+
+    spec_of = {"image": lambda: data.image_spec(spec["size"]), "video": lambda: data.video_spec(spec["clip"]),
+               "audio": lambda: data.audio_spec(spec["seconds_per_sample"])}
+    loader = data.NativeLocal(spec["data"], spec_of[spec["kind"]](), spec["batch"], threads=spec["workers"])
+    return loader, lambda batches: _device.to_device(batches, device) if device.type != "cpu" else batches
+
+
 def synthetic_batch(spec: dict, device):
     """One batch made on the device, shaped as the row's input; the same every step."""
     import torch
@@ -162,15 +163,30 @@ def synthetic_batch(spec: dict, device):
     return x.to(device), y.to(device)
 
 
-def epochs(loader):
-    """Endless batches: epoch after epoch, each with its seeded order."""
+def epochs(loader, upload=None):
+    """Endless batches: epoch after epoch, each with its seeded order (through `upload`, when given, which
+    moves an iterator's batches to the device)."""
     from torch.utils.data import DataLoader
 
-    epoch = 0
-    while True:
-        (loader.sampler if isinstance(loader, DataLoader) else loader).set_epoch(epoch)
-        yield from loader
-        epoch += 1
+    def endless():
+        epoch = 0
+        while True:
+            (loader.sampler if isinstance(loader, DataLoader) else loader).set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    return upload(endless()) if upload else endless()
+
+
+def drain(batches, limit: int, quick: float) -> int:
+    """Takes batches without training until one has to be waited for (more than `quick` seconds), at most
+    `limit`: the loader's queue is then empty and its producers busy, as in a data-bound steady state."""
+    for n in range(1, limit + 1):
+        t0 = time.perf_counter()
+        next(batches)
+        if time.perf_counter() - t0 > quick:
+            return n
+    return limit
 
 
 def to_input(spec: dict, batch, device):
@@ -224,12 +240,19 @@ def train(spec: dict, device, batches, pids_offloaders) -> dict:
     def event():
         return torch.Event(device=device, enable_timing=True) if module else None
 
-    busy, stall, pending = [], [], []
-    steps, i, start, cpu0, off0 = 0, 0, None, 0.0, 0.0
+    busy, stall, pending, warm, ahead = [], [], [], [], []
+    steps, i, start, cpu0, off0, drained, samples = 0, 0, None, 0.0, 0.0, 0, 0
+    untimed = max(spec["warmup"], spec.get("producers", 0))
     for i in range(1 << 62):
-        if i == spec["warmup"]:
+        if i == untimed:
             if module:
                 module.synchronize()
+                ahead.clear()
+            if spec.get("producers"):
+                quick = max(DRAIN_QUICK_S, DRAIN_QUICK_SHARE * sorted(warm)[len(warm) // 2] if warm else 0.0)
+                drained = drain(batches, 2 * spec["producers"] + DRAIN_SLACK, quick)
+                if module:
+                    module.synchronize()  # the drained batches' uploads
             start, cpu0, off0 = time.perf_counter(), cpu_seconds(tree(os.getpid())), cpu_seconds(pids_offloaders())
         if start is not None and (steps >= spec["steps"] if spec["steps"] else
                                   (steps >= 3 and time.perf_counter() - start >= spec["seconds"])):
@@ -237,6 +260,7 @@ def train(spec: dict, device, batches, pids_offloaders) -> dict:
         t0 = time.perf_counter()
         batch = next(batches)
         waited = time.perf_counter() - t0
+        batch_dtype = getattr(batch[0], "dtype", "encoded")
         x, y, lengths = to_input(spec, batch, device)
         if spec["channels_last"] and x.dim() in layout:
             x = x.contiguous(memory_format=layout[x.dim()])
@@ -251,15 +275,18 @@ def train(spec: dict, device, batches, pids_offloaders) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if ended:
             ended.record()
+            ahead.append(ended)
+            if len(ahead) > AHEAD:
+                ahead.pop(0).synchronize()
         if start is None:
+            warm.append(time.perf_counter() - t0)  # a step's time, the host held to AHEAD as when timed
             continue
+        samples += int(y.shape[0])
         if not module:  # on the CPU the step computes on this thread: its own time is the busy time
             busy.append(time.perf_counter() - computing)
         steps += 1
         stall.append(waited)
         pending.append((began, ended))
-        if ended and len(pending) > AHEAD:
-            pending[-AHEAD - 1][1].synchronize()
     if module:
         module.synchronize()
     wall = time.perf_counter() - start
@@ -267,25 +294,9 @@ def train(spec: dict, device, batches, pids_offloaders) -> dict:
     offloader_cpu = cpu_seconds(pids_offloaders()) - off0
     if module:
         busy = [b.elapsed_time(e) / 1e3 for b, e in pending]
-    return {"steps": steps, "wall_s": wall, "busy_s": sum(busy), "stall_s": stall, "trainer_cpu_s": cpu,
-            "offloader_cpu_s": offloader_cpu, "loss": float(loss), "warmup": spec["warmup"]}
-
-
-def probe(spec: dict) -> dict:
-    """samples/s of the stock DataLoader alone (loading and pinning, no device, no model) per worker count in
-    spec["probe"]: the driver keeps the fastest."""
-    rates = {}
-    for workers in spec["probe"]:
-        loader = stock_loader(spec, workers)
-        batches = epochs(loader)
-        next(batches)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < spec["seconds"]:
-            next(batches)
-            n += spec["batch"]
-        rates[workers] = n / (time.perf_counter() - t0)
-        del batches, loader  # persistent workers end here
-    return {"probe": rates}
+    return {"steps": steps, "samples": samples, "wall_s": wall, "busy_s": sum(busy), "stall_s": stall,
+            "trainer_cpu_s": cpu, "offloader_cpu_s": offloader_cpu, "loss": float(loss), "warmup": untimed,
+            "drained": drained, "input_dtype": str(batch_dtype).removeprefix("torch.")}
 
 
 def main(spec: dict) -> None:
@@ -293,37 +304,36 @@ def main(spec: dict) -> None:
 
     faulthandler.dump_traceback_later(spec["timeout_s"], exit=True)  # a hung row says where it hangs
     os.sched_setaffinity(0, spec["cores"])  # before torch starts threads: they and every worker inherit it
+    Path(spec["out"] + ".pid").write_text(str(os.getpid()))  # for the driver's page-locked memory sampler
     import torch
 
     # On an accelerator the host's intra-op threads have nothing to compute, and on dlop_test, whose kernels run
     # on the host, they would spin against the DataLoader's workers: one thread. The CPU device gets every core.
     torch.set_num_threads(len(spec["cores"]) if spec["device"] == "cpu" else 1)
-    if spec.get("probe"):
-        result = probe(spec)
-    else:
-        loader = None
-        if spec["device"].split(":")[0] == "dlop_test":
-            import dlop.testing.accelerator  # noqa: F401  (registered, so that pin_memory pins for it; no thread yet)
-        if spec["row"] not in ("synthetic", "dlop_offload"):
-            # The workers fork at the first batch: before the device's threads run, as a fork while they hold
-            # a lock can leave a worker waiting for it forever (seen on dlop_test with two video workers).
-            loader = stock_loader(spec, spec["workers"])
-            batches = epochs(loader)
-            batches = itertools.chain([next(batches)], batches)
-        device = use_device(spec["device"])
-        pinned = PinnedPeak(device)
-        if spec["row"] == "synthetic":
-            fixed = synthetic_batch(spec, device)
-            batches = iter(lambda: fixed, None)
-        elif spec["row"] == "dlop_offload":
-            batches = epochs(offload_loader(spec, device))
-        result = train(spec, device, batches, lambda: offloader_pids(spec))
-        if spec["row"] in ("stock", "stock_all_cores", "dlop_run"):
-            # Under `dlop run` the loader's iteration went to dlop (dlop.run_loaders): say whether it offloaded.
-            state = loader.__dict__.get("_dlop_run")
-            result["dlop_run"] = None if state is None else type(state).__name__.strip("_").lower()
-        result["peak_pinned_mib"] = pinned.close()
-        result["cores"] = sorted(os.sched_getaffinity(0))
+    loader = None
+    if spec["device"].split(":")[0] == "dlop_test":
+        import dlop.testing.accelerator  # noqa: F401  (registered, so that pin_memory pins for it; no thread yet)
+    if spec["row"] not in ("synthetic", "dlop_offload", "native_local"):
+        # The workers fork at the first batch: before the device's threads run, as a fork while they hold
+        # a lock can leave a worker waiting for it forever (seen on dlop_test with two video workers).
+        loader = stock_loader(spec, spec["workers"])
+        batches = epochs(loader)
+        batches = itertools.chain([next(batches)], batches)
+    device = use_device(spec["device"])
+    if spec["row"] == "synthetic":
+        fixed = synthetic_batch(spec, device)
+        batches = iter(lambda: fixed, None)
+    elif spec["row"] == "dlop_offload":
+        batches = epochs(offload_loader(spec, device))
+    elif spec["row"] == "native_local":
+        batches = epochs(*native_local_loader(spec, device))
+    result = train(spec, device, batches, lambda: offloader_pids(spec))
+    if spec["row"] in ("stock", "stock_uint8", "stock_all_cores", "dlop_run"):
+        # Under `dlop run` the loader's iteration went to dlop (dlop.run_loaders): say whether it offloaded.
+        state = loader.__dict__.get("_dlop_run")
+        result["dlop_run"] = None if state is None else type(state).__name__.strip("_").lower()
+    result["cuda_host_peak_mib"] = cuda_host_peak_mib(device)
+    result["cores"] = sorted(os.sched_getaffinity(0))
     Path(spec["out"]).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # persistent workers and the offloaders' connections go with the process

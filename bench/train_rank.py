@@ -21,9 +21,10 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 VIDEO_MEAN, VIDEO_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)  # Kinetics', as PyTorchVideo normalises
 
 
-def augment_clip(video, clip: dict):
-    """T x C x H x W uint8 frames -> C x T x crop x crop, normalised: the short side resized to a random
-    size in clip["short_side"], a random crop, a flip with probability clip["hflip"] (the native pipeline's ops)."""
+def augment_clip(video, clip: dict, normalise: bool = True):
+    """T x C x H x W uint8 frames -> C x T x crop x crop, normalised float32 (or uint8 without `normalise`):
+    the short side resized to a random size in clip["short_side"], a random crop, a flip with probability
+    clip["hflip"] (the native pipeline's ops)."""
     import torch
     import torch.nn.functional as F
 
@@ -35,6 +36,8 @@ def augment_clip(video, clip: dict):
     video = video[..., top:top + crop, left:left + crop]
     if random.random() < clip["hflip"]:
         video = video.flip(-1)
+    if not normalise:
+        return video.permute(1, 0, 2, 3).contiguous()
     mean = torch.tensor([255 * m for m in VIDEO_MEAN]).view(1, 3, 1, 1)
     std = torch.tensor([255 * s for s in VIDEO_STD]).view(1, 3, 1, 1)
     return ((video.float() - mean) / std).permute(1, 0, 2, 3).contiguous()
@@ -235,7 +238,7 @@ def run_rank(spec: dict) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     batches = Batches(spec, rank, world)
-    steps = {"step": [], "data": [], "exposed": [], "buckets": []}
+    steps = {"step": [], "data": [], "exposed": [], "buckets": [], "labels": []}
     launches = []  # per timed step: (offset from the step's first hand-over, elements) per bucket
 
     def train_step(images, labels):
@@ -263,6 +266,7 @@ def run_rank(spec: dict) -> None:
         steps["data"].append(t1 - t0)
         steps["exposed"].append(max(0.0, max(f for _, f, _ in buckets) - max(t for t, _, _ in buckets)))
         steps["buckets"].append([(t, f) for t, f, _ in buckets])
+        steps["labels"].append(labels.tolist())  # what was trained on: the samples the row counts
     wall = time.perf_counter() - start
     resident = images.clone(), labels.clone()  # the loader's buffer is reused; this batch stays in memory
     batches.close()

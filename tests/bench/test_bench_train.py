@@ -1,5 +1,6 @@
 """python -m bench.train end to end on a tiny run (tiny model, few steps, this host): every config's row,
-the JSON and the markdown agreeing, the step's parts adding up, a real PNG, and a bad --link refused; the same
+the JSON and the markdown agreeing, each row's samples/s counting the very samples the sampler's order puts in
+the timed steps (no warm-up batch, none lost or counted twice), a real PNG, and a bad --link refused; the same
 for --kind video on built-in clips made for the test."""
 
 from __future__ import annotations
@@ -31,6 +32,36 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def _timed_labels_sha1(data: Path, config: str, world: int, batch: int, warmup: int, steps: int) -> str:
+    """bench.train's labels_sha1 as the loader's order dictates: per rank, epoch after epoch (the last
+    incomplete batch dropped), the batches after the warm-up ones; labels by ImageFolder's class order. The
+    DataLoader rows follow DistributedSampler(seed 0), the offloaded rows dlop's own EpochPlan (seed 0)."""
+    import hashlib
+
+    from torch.utils.data import DistributedSampler
+
+    from bench.train_device_data import class_folder
+    from dlop import _C
+
+    labels = [label for _, label in class_folder(str(data))]
+    epochs = -(-(warmup + steps) * batch * world // len(labels)) + 1
+    per_rank = []
+    for rank in range(world):
+        order = []
+        for epoch in range(epochs):
+            if config.startswith("dlop_offload"):
+                plan = _C.offload.EpochPlan(len(labels), batch, 0, True, True, rank, world, [])
+                order += [i for b in plan.batches(epoch) for i in b]
+            else:
+                sampler = DistributedSampler(labels, world, rank, shuffle=True, seed=0, drop_last=True)
+                sampler.set_epoch(epoch)
+                per_epoch = list(sampler)
+                order += per_epoch[:len(per_epoch) // batch * batch]
+        timed = order[warmup * batch:(warmup + steps) * batch]
+        per_rank.append(f"{rank}:" + ",".join(str(labels[i]) for i in timed))
+    return hashlib.sha1(";".join(per_rank).encode()).hexdigest()
+
+
 def test_bench_train_tiny_run(tmp_path, capsys):
     from dlop.data.make_dataset import main as make_dataset
 
@@ -52,7 +83,10 @@ def test_bench_train_tiny_run(tmp_path, capsys):
             assert r[key] > 0, (key, r)
         assert r["ranks"] == 2 and r["buckets"] >= 1
         assert r["step_ms"] >= r["compute_ms"]
-        assert r["compute_ms"] + r["exposed_comm_ms"] + r["data_stall_ms"] == pytest.approx(r["step_ms"], rel=1e-6)
+        # The samples counted are those trained on in the timed steps, in the sampler's order (dlop's order is
+        # DistributedSampler's): a warm-up batch counted, a batch lost or one seen twice changes the digest.
+        assert r["samples"] == 2 * 4 * 3, r
+        assert r["labels_sha1"] == _timed_labels_sha1(data, r["config"], 2, 4, 1, 3), r["config"]
         assert r["allreduce_p99_ms"] >= r["allreduce_p50_ms"]
         # samples/s and step_ms describe the same steps: ranks x batch per step time, within the ranks' skew
         assert r["samples_per_s"] == pytest.approx(2 * 4 * 1e3 / r["step_ms"], rel=0.5)
@@ -96,7 +130,9 @@ def test_bench_train_tiny_video_run(tmp_path, monkeypatch, capsys):
         for key in POSITIVE:
             assert r[key] > 0, (key, r)
         assert r["gradient_mib"] == pytest.approx(4 * params / 2**20)
-        assert r["compute_ms"] + r["exposed_comm_ms"] + r["data_stall_ms"] == pytest.approx(r["step_ms"], rel=1e-6)
+        assert r["samples"] == 2 * 2 * 2, r  # ranks x batch x timed steps, counted from the batches trained on
+        clips = tmp_path / "cache/dlop/bench-train-video-10x2"
+        assert r["labels_sha1"] == _timed_labels_sha1(clips, r["config"], 2, 2, 1, 2), r["config"]
     assert any(line.startswith("dlop_offload / stock samples/s") for line in saved["header"]["ratios"])
 
 

@@ -76,21 +76,18 @@ gpu_readme() {
 # --- preflight, then the build
 need=torch,shm,cores
 [[ $DEV == cuda ]] && need+=,nvidia-smi,disk,ptrace
-gpu_preflight --need "$need" --min-cores 2 --json "$WORK/preflight.json"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
-  "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)' >>"$WORK/machine.txt"
+gpu_preflight --need "$need" --min-cores 2
 if [[ $DEV == cuda ]]; then
-  gpu_step build 240 bash -c 'source scripts/gpu_build.sh "$1"' _ "$WORK/build" || exit 1
-  source scripts/gpu_build.sh "$WORK/build" >/dev/null || exit 1
+  gpu_build
   GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
   OVERLAP=(--width 1024 --layers 8 --batch 16384 --steps 10 --warmup 3)
-  C10D_MAX=64M
+  C10D=(-e 64M)
   IMAGENET=(--arch resnet50 --batch-size 64 --steps 20 --epochs 3)
   EST_RUN=45 EST_TESTS=150
 else
   GPUS=1  # a rehearsal: the test accelerator, its devices shared like one GPU
   OVERLAP=()
-  C10D_MAX=1M
+  C10D=(-e 64K -f 8 -n 5 -w 1)  # each call on the shared test device takes 1-3 ms of the 2 cores
   IMAGENET=(--arch resnet18 --batch-size 2 --image-size 32 --classes 10 --steps 2 --epochs 2)
   EST_RUN=30 EST_TESTS=240
 fi
@@ -153,7 +150,7 @@ else
     tests/python/test_c10d_device.py -k "2ranks or ddp"
   unset DLOP_TEST_ACCELERATOR DLOP_TEST_TIMEOUT
   gpu_step c10d_shared_gpu_gloo 60 env "${SHARED[@]}" "${TORCHRUN[@]}" -m bench.c10d --device "$DEV" \
-    --impls "$peers" --ops all_reduce,broadcast -e "$C10D_MAX" --json "$WORK/c10d_shared_gpu_gloo.json" &&
+    --impls "$peers" --ops all_reduce,broadcast "${C10D[@]}" --json "$WORK/c10d_shared_gpu_gloo.json" &&
     assert_shared c10d_shared_gpu_gloo
   ((GPUS >= 2)) && gpu_step c10d_2gpus_nccl 60 env DLOP_DEVICE_BACKEND=auto "${TORCHRUN[@]}" -m bench.c10d \
     --device cuda --impls dlop,nccl --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast -e 256M \

@@ -84,13 +84,11 @@ gpu_readme() {
 need=torch,matplotlib,shm,cores
 [[ $DEV == cuda* ]] && need+=,cv2,nvidia-smi,disk
 [[ $KIND == video ]] && need+=,video_reader
-gpu_preflight --need "$need" --min-cores $((K + 1)) --json "$WORK/preflight.json"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' >>"$WORK/machine.txt"
+gpu_preflight --need "$need" --min-cores $((K + 1))
 
 # --- the build (CUDA), then its environment for the rows (a second source finds it built)
 if [[ $DEV == cuda* ]]; then
-  gpu_step build 240 bash -c 'source scripts/gpu_build.sh "$1"' _ "$WORK/build" || exit 1
-  source scripts/gpu_build.sh "$WORK/build" >/dev/null || exit 1
+  gpu_build
   export DLOP_OFFLOADER=${DLOP_OFFLOADER:-$PWD/build-gpu/offload/daemon/dlop-offloader}
 fi
 
@@ -117,9 +115,8 @@ gpu_step data 60 "$PY" scripts/gpu_rows.py data "${COMMON[@]}"
 (($? == 1)) && exit 1  # skipped for time: so are the rows, each with its note
 
 # --- the rows, one invocation each, the clock checked before each
-mkdir -p "$WORK/rows"
-# shellcheck disable=SC2046  # the rows are words
-ALL_ROWS=$("$PY" scripts/gpu_rows.py order $("$PY" -c 'from bench.train_device import ROWS; print(*ROWS)'))
+mkdir -p "$WORK/raw/rows"
+ALL_ROWS=$("$PY" scripts/gpu_rows.py order)
 skipped=()
 for row in ${ROWS:-$ALL_ROWS}; do
   left=$(gpu_left)
@@ -129,7 +126,7 @@ for row in ${ROWS:-$ALL_ROWS}; do
     continue
   fi
   t0=$SECONDS
-  gpu_step "row_$row" "$EST" "$PY" -m bench.train "${COMMON[@]}" --rows "$row" --json "$WORK/rows/$row.json"
+  gpu_step "row_$row" "$EST" "$PY" -m bench.train "${COMMON[@]}" --rows "$row" --json "$WORK/raw/rows/$row.json"
   case $? in
     0) grep -E "^ *$row " "$WORK/row_$row.txt" | tail -1 ;;
     3) skipped+=(--skipped "$row=too little of the budget left") ;;
@@ -137,9 +134,9 @@ for row in ${ROWS:-$ALL_ROWS}; do
   esac
   ((SECONDS - t0 > EST)) && EST=$((SECONDS - t0))  # the slowest row so far sets the estimate
 done
-if compgen -G "$WORK/rows/*.json" >/dev/null; then
+if compgen -G "$WORK/raw/rows/*.json" >/dev/null; then
   gpu_step merge 10 "$PY" scripts/gpu_rows.py merge --json "$WORK/$KIND.json" --report "$WORK/report" \
-    "${skipped[@]}" "$WORK"/rows/*.json && cat "$WORK/merge.txt"
+    "${skipped[@]}" "$WORK"/raw/rows/*.json && cat "$WORK/merge.txt"
   [[ -f $WORK/report/train_device.png ]] && mv "$WORK/report/train_device.png" "$WORK/$KIND.png"
   [[ -f $WORK/report/train_device.md ]] && mv "$WORK/report/train_device.md" "$WORK/$KIND.md"
   rmdir "$WORK/report" 2>/dev/null

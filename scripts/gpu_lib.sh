@@ -23,6 +23,7 @@
 #   gpu_step NAME EST CMD...  CMD if EST seconds fit in what is left (its output to WORK/NAME.txt);
 #                           returns 0 when it ran and passed, 3 when skipped, else 1. GPU_STEPS, where
 #                           set, names the steps to run (the others are listed as not run).
+#   gpu_build               scripts/gpu_build.sh as a step, then its environment in this shell
 #   gpu_skip NAME WHY       record a step that did not run
 #   gpu_note TEXT           a line for README.md
 #   gpu_snapshot            WORK into $OUT/partial.tar.xz
@@ -62,12 +63,24 @@ gpu_note() { echo "$*" >>"$WORK/notes.txt"; echo "note: $*"; }
 gpu_preflight() {
   local t0=$SECONDS
   # shellcheck disable=SC2086  # GPU_PREFLIGHT_ARGS: more options, e.g. --shm-min-mib 4096
-  timeout "${GPU_PREFLIGHT_SECONDS:-15}" "$PY" scripts/gpu_preflight.py --device "${DEV:-cuda}" "$@" ${GPU_PREFLIGHT_ARGS:-} |
-    tee "$WORK/preflight.txt"
+  mkdir -p "$WORK/raw"  # raw/: in the archive, not in summary.json
+  timeout "${GPU_PREFLIGHT_SECONDS:-15}" "$PY" scripts/gpu_preflight.py --device "${DEV:-cuda}" "$@" \
+    --json "$WORK/raw/preflight.json" ${GPU_PREFLIGHT_ARGS:-} | tee "$WORK/preflight.txt"
   local rc=${PIPESTATUS[0]}
   echo "preflight took $((SECONDS - t0)) s"
+  sed -n 's/^ok *torch: /torch: /p' "$WORK/preflight.txt" >>"$WORK/machine.txt"  # the Machine line's torch
   ((rc == 124)) && echo "preflight: did not finish in ${GPU_PREFLIGHT_SECONDS:-15} s: stuck after the last item above"
   ((rc == 0)) || { STATUS=1; exit 1; }
+}
+
+# gpu_build: the build (scripts/gpu_build.sh) as a step, then its environment here (PYTHONPATH, LD_LIBRARY_PATH,
+# UCX_MODULE_DIR: a second source finds it configured and built). About 150 s on a fresh machine, seconds on
+# one that kept build-gpu/ from the command before. Exits where it failed or did not fit.
+gpu_build() {
+  local est=240
+  compgen -G "python/dlop/_C*.so" >/dev/null && [[ -f build-gpu/CMakeCache.txt ]] && est=30
+  gpu_step build "$est" bash -c 'source scripts/gpu_build.sh "$1"' _ "$WORK/build" || exit 1
+  source scripts/gpu_build.sh "$WORK/build" >/dev/null || { STATUS=1; exit 1; }
 }
 
 gpu_skip() {

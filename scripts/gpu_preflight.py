@@ -49,13 +49,16 @@ if got < 0:
 
 def check_torch(device: str) -> str:
     import torch
+    import torch.distributed
 
     text = f"torch {torch.__version__}"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"{text}: CUDA is not available (torch.version.cuda {torch.version.cuda})")
         names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
-        return f"{text}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s): {', '.join(sorted(names))}"
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else "none"
+        return (f"{text}, CUDA {torch.version.cuda}, NCCL {nccl}, {torch.cuda.device_count()} device(s): "
+                f"{', '.join(sorted(names))}")
     if device == "dlop_test":
         import dlop.testing.accelerator  # noqa: F401
 

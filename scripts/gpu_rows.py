@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The headline's rows, one `python -m bench.train --device DEV --rows ROW` at a time (scripts/gpu_headline.sh).
 
-    scripts/gpu_rows.py order ROW...                    the rows in the order they run (the headline's first)
+    scripts/gpu_rows.py order [ROW...]                  the rows (bench.train's) in the order they run, headline first
     scripts/gpu_rows.py data BENCH_TRAIN_OPTIONS...     make the built-in data those options name, once
     scripts/gpu_rows.py merge --json OUT --report DIR [--skipped ROW=WHY]... ROW_JSON...
 
@@ -63,6 +63,10 @@ def merge(paths: list[str], skipped: dict[str, str]) -> tuple[dict, list[dict]]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["order"]:
+        if len(argv) == 1:
+            from bench.train_device import ROWS
+
+            argv = ["order", *ROWS]
         print(" ".join(order(argv[1:])))
         return 0
     if argv[:1] == ["data"]:

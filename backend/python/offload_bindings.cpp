@@ -68,18 +68,19 @@ py::array tensor_array(Tensor&& t) {
 void bind_ops(py::module_& m) {
   m.def(
       "decode",
-      [](const py::buffer& data, const std::string& name) {
+      [](const py::buffer& data, const std::string& name, bool load_truncated) {
         py::buffer_info info;
         const auto bytes = as_bytes(data, info);
         Image img;
         {
           py::gil_scoped_release release;
-          decode_image(bytes, name, img);
+          decode_image(bytes, name, img, DecodeOptions{load_truncated});
         }
         return to_array(img);
       },
-      py::arg("data"), py::arg("name") = "",
-      "JPEG or PNG bytes -> uint8 (H, W, 3), as PIL's open(...).convert('RGB'); raises SampleError");
+      py::arg("data"), py::arg("name") = "", py::arg("load_truncated") = false,
+      "JPEG or PNG bytes -> uint8 (H, W, 3), as PIL's open(...).convert('RGB'); raises SampleError. "
+      "load_truncated: as PIL.ImageFile.LOAD_TRUNCATED_IMAGES, for JPEGs");
   m.def(
       "encode_jpeg",
       [](const U8Array& a, int quality) {

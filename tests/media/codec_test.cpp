@@ -2,6 +2,7 @@
 // way a file can be bad (empty, truncated, corrupt, not an image).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "media/codec.hpp"
@@ -110,6 +111,42 @@ TEST(Codec, JpegMissingOnlyItsEndMarkerIsTruncatedAsForPil) {
   const auto bytes = encode_jpeg(make_image(120, 160, 4), 90);
   expect_sample_error([&] { decode_image(std::span(bytes.data(), bytes.size() - 2), "no-eoi.jpg"); }, "no-eoi.jpg",
                       "truncated");
+}
+
+// PIL.ImageFile.LOAD_TRUNCATED_IMAGES: PIL appends an end marker to the data
+// it has and keeps what libjpeg makes of that. The Python tests compare with
+// PIL itself; here, with that construction and with the intact file.
+TEST(Codec, TruncatedJpegLoadsAsPilWithLoadTruncated) {
+  const Image img = make_image(120, 160, 4);
+  const auto bytes = encode_jpeg(img, 90);
+  const Image whole = decode_image(bytes, "whole.jpg");
+  const DecodeOptions load{.load_truncated = true};
+  for (const std::size_t keep : {bytes.size() / 2, bytes.size() * 3 / 4, bytes.size() - 2}) {
+    const std::span<const std::uint8_t> cut(bytes.data(), keep);
+    expect_sample_error([&] { decode_image(cut, "cut.jpg"); }, "cut.jpg", "truncated");
+    const Image out = decode_image(cut, "cut.jpg", load);
+    ASSERT_EQ(out.height, 120);
+    ASSERT_EQ(out.width, 160);
+    std::vector<std::uint8_t> marked(cut.begin(), cut.end());
+    marked.insert(marked.end(), {0xFF, 0xD9});
+    EXPECT_EQ(out.pixels, decode_image(marked, "marked.jpg").pixels) << "kept " << keep;
+    // The first rows had all their data: they are the intact file's.
+    const std::size_t top = out.row_bytes() * 16;
+    EXPECT_TRUE(std::equal(out.pixels.begin(), out.pixels.begin() + top, whole.pixels.begin())) << "kept " << keep;
+    if (keep < bytes.size() - 2) {
+      EXPECT_GT(mean_abs_diff(out, whole), 5.0) << "kept " << keep;  // the rest is made up
+    }
+    // A region of it is that region of the whole decode, and the box the one chosen.
+    Image region;
+    const CropBox box{40, 30, 50, 70};
+    const CropBox where = decode_image_region(cut, "cut.jpg", [&](int, int) { return box; }, region, load);
+    Image a, b;
+    crop(out, box, a);
+    crop(region, where, b);
+    EXPECT_EQ(a.pixels, b.pixels) << "kept " << keep;
+  }
+  // Without headers there is no image to fill in.
+  expect_sample_error([&] { decode_image(std::span(bytes.data(), 200), "head.jpg", load); }, "head.jpg", "JPEG");
 }
 
 TEST(Codec, TruncatedPngIsASampleError) {

@@ -3,6 +3,8 @@
 // batches equal to the samples made one by one.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <thread>
 
@@ -144,6 +146,27 @@ TEST(Pipeline, SkipPolicyCountsBadSamplesAndKeepsTheOthersInOrder) {
     const Tensor one = p.run(src.samples[kept[k]], SampleKey{0, 0, kept[k]});
     EXPECT_EQ(std::memcmp(images.data() + k * one.data.size(), one.data.data(), one.data.size()), 0) << k;
     EXPECT_EQ(labels[k], static_cast<std::int64_t>(kept[k] % 3));
+  }
+}
+
+// The spec's load_truncated_images reaches the decoder, for the crop that
+// decodes a region as for a whole decode.
+TEST(Pipeline, LoadTruncatedImagesDecodesACutJpegInABatch) {
+  MemorySource src = make_source(3);
+  src.samples[1].resize(src.samples[1].size() * 2 / 3);
+  for (const char* ops : {R"([{"op": "center_crop", "size": 32}])", R"([{"op": "random_resized_crop", "size": 32}])"}) {
+    const std::string spec = fmt::format(R"({{"ops": {}, "output": "uint8", "load_truncated_images": true}})", ops);
+    const Pipeline p = Pipeline::from_json(spec);
+    std::vector<std::byte> images(3 * 3 * 32 * 32);
+    std::vector<std::int64_t> labels(3, -1);
+    const std::vector<std::uint64_t> indices{0, 1, 2};
+    const BatchResult r = p.run_batch(src, indices, 0, 0, images, labels, nullptr);
+    EXPECT_EQ(r.count, 3u) << ops;
+    EXPECT_TRUE(r.skipped.empty()) << ops;
+    EXPECT_THROW(Pipeline::from_json(fmt::format(R"({{"ops": {}, "output": "uint8"}})", ops))
+                     .run(src.samples[1], SampleKey{0, 0, 1}),
+                 SampleError)
+        << ops;
   }
 }
 

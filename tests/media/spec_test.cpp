@@ -44,6 +44,18 @@ TEST(Spec, DefaultsAndShapes) {
   EXPECT_EQ(Pipeline::from_json(R"({"ops": [{"op": "resize", "size": [32, 48]}]})").fixed_shape(), (Shape{3, 32, 48}));
 }
 
+// Written only when set, so a daemon that predates the key reads every spec
+// that leaves it out.
+TEST(Spec, LoadTruncatedImagesIsReadAndWrittenOnlyWhenSet) {
+  const TransformSpec off = TransformSpec::from_json(R"({"ops": []})");
+  EXPECT_FALSE(off.load_truncated_images);
+  EXPECT_EQ(off.to_json().find("load_truncated_images"), std::string::npos);
+  const TransformSpec on = TransformSpec::from_json(R"({"ops": [], "load_truncated_images": true})");
+  EXPECT_TRUE(on.load_truncated_images);
+  EXPECT_TRUE(TransformSpec::from_json(on.to_json()).load_truncated_images);
+  EXPECT_FALSE(TransformSpec::from_json(R"({"ops": [], "load_truncated_images": false})").load_truncated_images);
+}
+
 void expect_spec_error(const char* json, const std::string& fragment) {
   try {
     TransformSpec::from_json(json);
@@ -77,6 +89,7 @@ TEST(Spec, ErrorsSayWhereAndWhat) {
                     "\"output\" is \"uint8\"");
   expect_spec_error(R"({"ops": [], "output": "float16"})", "\"output\" must be \"float32\" or \"uint8\"");
   expect_spec_error(R"({"ops": [], "on_error": "ignore"})", "\"on_error\" must be \"raise\" or \"skip\"");
+  expect_spec_error(R"({"ops": [], "load_truncated_images": 1})", "\"load_truncated_images\" must be true or false");
 }
 
 // The op table is the one list of ops: the parser knows each by its name, the

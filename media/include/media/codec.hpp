@@ -18,14 +18,22 @@ enum class ImageFormat { kUnknown, kJpeg, kPng };
 // Sniffs the magic bytes, not the file name.
 ImageFormat detect_format(std::span<const std::uint8_t> bytes);
 
+struct DecodeOptions {
+  // PIL.ImageFile.LOAD_TRUNCATED_IMAGES: a JPEG that libjpeg fails on (its
+  // data ends early, or is bad past the headers) decodes as PIL then decodes
+  // it, pixel for pixel where both are libjpeg-turbo >= 3.0, instead of
+  // failing. Headers cut short, and PNGs, still fail.
+  bool load_truncated = false;
+};
+
 // Decodes a JPEG or PNG into RGB as PIL's `Image.open(f).convert("RGB")` does:
 // grayscale is replicated, palettes looked up, alpha and tRNS dropped (not
 // composited), 16-bit samples keep their high byte, gamma is not applied.
 // JPEGs use libjpeg's defaults (islow DCT, fancy upsampling), as PIL does.
 // Throws SampleError naming `name` (a path or record name) and the reason for
 // empty, truncated, corrupt or unsupported data. Thread-safe. `out` is reused.
-void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
-Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name);
+void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Image& out, DecodeOptions options = {});
+Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name, DecodeOptions options = {});
 
 // Picks the region to decode from the image's {height, width}.
 using RegionChooser = std::function<CropBox(int height, int width)>;
@@ -36,7 +44,7 @@ using RegionChooser = std::function<CropBox(int height, int width)>;
 // a large photo decodes faster; PNGs and CMYK JPEGs are decoded whole and the
 // box returned as chosen. Errors as decode_image, also for data outside the box.
 CropBox decode_image_region(std::span<const std::uint8_t> bytes, std::string_view name, const RegionChooser& choose,
-                            Image& out);
+                            Image& out, DecodeOptions options = {});
 
 // Encoders take interleaved 8-bit `pixels` (height * width * channels); the
 // raw-pointer forms exist for the tests' gray and RGBA inputs.

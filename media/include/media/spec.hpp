@@ -3,7 +3,7 @@
 //   {"ops": [{"op": "random_resized_crop", "size": 224},
 //            {"op": "hflip", "p": 0.5},
 //            {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}],
-//    "output": "float32", "on_error": "skip"}
+//    "output": "float32", "on_error": "skip", "load_truncated_images": false}
 // The ops and their parameters are the table in transform_ops.hpp. Every
 // field but "ops" has a default; unknown ops, unknown keys and bad values are
 // errors naming the op's position and the field.
@@ -29,6 +29,10 @@ struct TransformSpec {
   std::vector<OpSpec> ops;
   OutputType output = OutputType::kFloat32;
   ErrorPolicy on_error = ErrorPolicy::kRaise;
+  // PIL.ImageFile.LOAD_TRUNCATED_IMAGES (DecodeOptions::load_truncated). Only
+  // written to JSON when true, so a daemon that predates it reads every other
+  // spec, and refuses this one by naming the key.
+  bool load_truncated_images = false;
 
   // Throws dlop::Error(kInvalidArgument) with the op's index and field.
   static TransformSpec from_json(std::string_view json);

@@ -14,7 +14,7 @@ namespace dlop::offload::detail {
 inline constexpr std::uint64_t kMaxPixels = 178956970;
 
 // `choose` may be null (whole image); see decode_image_region.
-void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out,
+void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out, DecodeOptions options,
                  const RegionChooser* choose = nullptr, CropBox* where = nullptr);
 void decode_png(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
 

@@ -25,10 +25,10 @@ ImageFormat detect_format(std::span<const std::uint8_t> bytes) {
   return ImageFormat::kUnknown;
 }
 
-void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Image& out) {
+void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Image& out, DecodeOptions options) {
   if (bytes.empty()) throw SampleError(std::string(name), "empty file (0 bytes)");
   switch (detect_format(bytes)) {
-    case ImageFormat::kJpeg: return detail::decode_jpeg(bytes, name, out);
+    case ImageFormat::kJpeg: return detail::decode_jpeg(bytes, name, out, options);
     case ImageFormat::kPng: return detail::decode_png(bytes, name, out);
     case ImageFormat::kUnknown: break;
   }
@@ -40,19 +40,19 @@ void decode_image(std::span<const std::uint8_t> bytes, std::string_view name, Im
 }
 
 CropBox decode_image_region(std::span<const std::uint8_t> bytes, std::string_view name, const RegionChooser& choose,
-                            Image& out) {
+                            Image& out, DecodeOptions options) {
   if (!bytes.empty() && detect_format(bytes) == ImageFormat::kJpeg) {
     CropBox where;
-    detail::decode_jpeg(bytes, name, out, &choose, &where);
+    detail::decode_jpeg(bytes, name, out, options, &choose, &where);
     return where;
   }
-  decode_image(bytes, name, out);
+  decode_image(bytes, name, out, options);
   return choose(out.height, out.width);
 }
 
-Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name) {
+Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name, DecodeOptions options) {
   Image out;
-  decode_image(bytes, name, out);
+  decode_image(bytes, name, out, options);
   return out;
 }
 

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <vector>
 // jpeglib.h needs FILE and size_t declared first.
 #include <jerror.h>
 #include <jpeglib.h>
@@ -18,6 +20,8 @@
 
 namespace dlop::offload {
 namespace {
+
+constexpr const char* kTruncated = "truncated JPEG: data ends before the image does";
 
 struct ErrorManager {
   jpeg_error_mgr pub;  // first, so libjpeg's pointer to it is ours too
@@ -129,7 +133,7 @@ void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& 
       }
       if (!err.truncated) jpeg_finish_decompress(&cinfo);
       if (err.truncated) {
-        std::snprintf(reason, reason_size, "truncated JPEG: data ends before the image does");
+        std::snprintf(reason, reason_size, "%s", kTruncated);
       }
       jpeg_destroy_decompress(&cinfo);
       return;
@@ -158,11 +162,90 @@ void decode_impl(Decoder& d, const std::uint8_t* data, std::size_t size, Image& 
     }
   }
   if (err.truncated) {
-    std::snprintf(reason, reason_size, "truncated JPEG: data ends before the image does");
+    std::snprintf(reason, reason_size, "%s", kTruncated);
     jpeg_destroy_decompress(&cinfo);
     return;
   }
   jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+}
+
+// PIL.ImageFile.LOAD_TRUNCATED_IMAGES: PIL feeds libjpeg through a
+// suspending source, appends an end marker when the file runs out, and keeps
+// what libjpeg made of that: rows it could not make stay as PIL's new image
+// holds them (zero; white once CMYK is converted), and an error past the
+// headers is not raised. Here the same, over `data` (the file and FF D9).
+struct SuspendingSource {
+  jpeg_source_mgr pub;  // first, so libjpeg's pointer to it is ours too
+};
+
+void no_op(j_decompress_ptr) {}
+boolean suspend(j_decompress_ptr) { return FALSE; }  // no more data will come
+void skip_data(j_decompress_ptr cinfo, long count) {
+  jpeg_source_mgr* src = cinfo->src;
+  const std::size_t n = std::min(static_cast<std::size_t>(std::max(count, 0L)), src->bytes_in_buffer);
+  src->next_input_byte += n;
+  src->bytes_in_buffer -= n;
+}
+
+struct PilDecoder {
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  SuspendingSource source;
+  bool started;  // past the headers: an error from here on keeps the rows made
+};
+
+void decode_as_pil(PilDecoder& d, const std::uint8_t* data, std::size_t size, Image& out, char* reason,
+                   std::size_t reason_size) {
+  jpeg_decompress_struct& cinfo = d.cinfo;
+  cinfo.err = jpeg_std_error(&d.err.pub);
+  d.err.pub.error_exit = on_error;
+  d.err.pub.emit_message = on_message;
+  d.err.message[0] = '\0';
+  d.started = false;
+  reason[0] = '\0';
+  if (setjmp(d.err.jump)) {
+    if (!d.started) std::snprintf(reason, reason_size, "%s", d.err.message);
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  jpeg_create_decompress(&cinfo);
+  d.source.pub = {data, size, no_op, suspend, skip_data, jpeg_resync_to_restart, no_op};
+  cinfo.src = &d.source.pub;
+  if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+    std::snprintf(reason, reason_size, "%s", kTruncated);
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  if (static_cast<std::uint64_t>(cinfo.image_width) * cinfo.image_height > detail::kMaxPixels) {
+    std::snprintf(reason, reason_size, "image too large: %ux%u is more than 178956970 pixels", cinfo.image_width,
+                  cinfo.image_height);
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  out.reshape(static_cast<int>(cinfo.image_height), static_cast<int>(cinfo.image_width));
+  std::fill(out.pixels.begin(), out.pixels.end(), cmyk ? 255 : 0);
+  d.started = true;
+  if (!jpeg_start_decompress(&cinfo)) {  // a progressive file's scans did not all arrive
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  JSAMPARRAY cmyk_row = cmyk ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                          cinfo.output_width * 4, 1)
+                             : nullptr;
+  const bool inverted = cinfo.saw_Adobe_marker;
+  while (cinfo.output_scanline < cinfo.output_height) {
+    std::uint8_t* dst = out.pixels.data() + cinfo.output_scanline * out.row_bytes();
+    JSAMPROW row = dst;
+    if (jpeg_read_scanlines(&cinfo, cmyk ? cmyk_row : &row, 1) != 1) break;
+    for (unsigned x = 0; cmyk && x < cinfo.output_width; ++x) {
+      const std::uint8_t* p = cmyk_row[0] + x * 4;
+      const unsigned k = inverted ? p[3] : 255u - p[3];
+      for (int c = 0; c < 3; ++c) dst[x * 3 + c] = muldiv255(inverted ? p[c] : 255u - p[c], k);
+    }
+  }
   jpeg_destroy_decompress(&cinfo);
 }
 
@@ -200,10 +283,28 @@ bool encode_impl(Encoder& e, const std::uint8_t* pixels, int height, int width, 
 }  // namespace
 
 void detail::decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Image& out,
-                         const RegionChooser* choose, CropBox* where) {
+                         DecodeOptions options, const RegionChooser* choose, CropBox* where) {
   char reason[JMSG_LENGTH_MAX + 64];
-  Decoder d;
-  decode_impl(d, bytes.data(), bytes.size(), out, choose, where, reason, sizeof reason);
+  std::optional<CropBox> chosen;
+  const RegionChooser remember = [&](int h, int w) { return *(chosen = (*choose)(h, w)); };
+  {
+    Decoder d;
+    decode_impl(d, bytes.data(), bytes.size(), out, choose != nullptr ? &remember : nullptr, where, reason,
+                sizeof reason);
+  }
+  // Only a file libjpeg's own way fails is decoded again, PIL's way (which
+  // decodes whole: a region decode skips rows); a box already drawn stays.
+  if (reason[0] != '\0' && options.load_truncated && std::strncmp(reason, "image too large", 15) != 0) {
+    std::vector<std::uint8_t> ended(bytes.begin(), bytes.end());
+    ended.insert(ended.end(), {0xFF, JPEG_EOI});
+    PilDecoder d;
+    char again[sizeof reason];
+    decode_as_pil(d, ended.data(), ended.size(), out, again, sizeof again);
+    if (again[0] == '\0') {
+      reason[0] = '\0';
+      if (choose != nullptr) *where = chosen ? *chosen : (*choose)(out.height, out.width);
+    }
+  }
   if (reason[0] != '\0') {
     out.reshape(0, 0);
     const bool ours = std::strncmp(reason, "truncated", 9) == 0 || std::strncmp(reason, "image too large", 15) == 0;

@@ -46,9 +46,9 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
     region = decode_image_region(
         encoded, name,
         [&](int h, int w) { return random_resized_crop_box(h, w, crop_first->scale, crop_first->ratio, rng); },
-        *cur);
+        *cur, DecodeOptions{spec_.load_truncated_images});
   } else {
-    decode_image(encoded, name, *cur);
+    decode_image(encoded, name, *cur, DecodeOptions{spec_.load_truncated_images});
   }
   const auto decoded = Clock::now();
   scratch.times.decode += seconds(decoded - start);

@@ -287,6 +287,10 @@ TransformSpec TransformSpec::from_json(std::string_view text) {
   for (std::size_t i = 0; i < ops->size(); ++i) spec.ops.push_back(parse_op((*ops)[i], i));
   spec.output = read_choice(f, "output", spec.output, {{"float32", OutputType::kFloat32}, {"uint8", OutputType::kUint8}});
   spec.on_error = read_choice(f, "on_error", spec.on_error, {{"raise", ErrorPolicy::kRaise}, {"skip", ErrorPolicy::kSkip}});
+  if (const json* v = f.get("load_truncated_images")) {
+    if (!v->is_boolean()) f.bad("load_truncated_images", "true or false");
+    spec.load_truncated_images = v->get<bool>();
+  }
   f.finish();
   spec.validate();
   return spec;
@@ -322,9 +326,10 @@ std::string TransformSpec::to_json() const {
     std::visit([&](const auto& x) { x.params(x, writer); }, op);
     ops_json.push_back(std::move(o));
   }
-  const json j{{"ops", std::move(ops_json)},
-               {"output", output == OutputType::kUint8 ? "uint8" : "float32"},
-               {"on_error", on_error == ErrorPolicy::kSkip ? "skip" : "raise"}};
+  json j{{"ops", std::move(ops_json)},
+         {"output", output == OutputType::kUint8 ? "uint8" : "float32"},
+         {"on_error", on_error == ErrorPolicy::kSkip ? "skip" : "raise"}};
+  if (load_truncated_images) j["load_truncated_images"] = true;
   return j.dump();
 }
 

@@ -175,6 +175,21 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _load_truncated(transform: str) -> str:
+    """An image spec with PIL.ImageFile.LOAD_TRUNCATED_IMAGES as it is now, unless the spec sets it.
+
+    Read once, here: batches are made ahead of their steps, on daemons, so a
+    value followed live would reach some of them and not others."""
+    try:
+        spec = json.loads(transform)
+    except ValueError:
+        return transform  # BatchMaker names the JSON error
+    if (not isinstance(spec, dict) or spec.get("kind", "image") != "image" or "load_truncated_images" in spec
+            or not _python_job._pil_truncated()):
+        return transform
+    return json.dumps({**spec, "load_truncated_images": True})
+
+
 class OffloadLoader:
     """Yields ``(samples, labels)`` torch tensors for this rank, one epoch per iteration.
 
@@ -213,6 +228,9 @@ class OffloadLoader:
     offloaded or locally; ``on_error="skip"`` leaves it out of its batch
     instead (the spec's ``on_error``; on the Python path, whatever the
     dataset raises for a sample) and counts it in ``stats().samples_skipped``.
+    PIL.ImageFile.LOAD_TRUNCATED_IMAGES, as it is when the loader is made,
+    lets a native image spec decode a truncated JPEG as PIL does (the spec's
+    ``load_truncated_images``).
     A local folder is listed here when the loader is made: one holding files
     torchvision's ImageFolder lists but the native decoders do not read
     (.bmp, .webp, ...) is refused, naming them.
@@ -288,6 +306,7 @@ class OffloadLoader:
             self.transform = transform if isinstance(transform, str) else json.dumps(transform)
             if on_error is not None:  # the loader's policy is the spec's
                 self.transform = json.dumps({**json.loads(self.transform), "on_error": on_error})
+            self.transform = _load_truncated(self.transform)
             self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
             if self.kind == "image" and _native.Pipeline(self.transform).fixed_shape is None:
                 raise ValueError("OffloadLoader: the transform spec's ops leave each image its own size, and a batch "

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/device_streams.hpp"
 #include "backend/process_group_dlop.hpp"
 #include "core/log.hpp"
 #include "backend/work_dlop.hpp"
@@ -130,6 +131,13 @@ void bind_backend(py::module_& m) {
         dlop::log().log(spdlog::level::from_str(level), "{}", message);
       },
       py::arg("level"), py::arg("message"), "logs through dlop's logger (DLOP_LOG_LEVEL)");
+  m.def(
+      "_device_call_stream",
+      [](const c10::Device& device) {
+        const auto s = backend::device_call_stream(device);
+        return std::make_tuple(s.id(), static_cast<int>(s.device_index()));
+      },
+      "(stream id, device index) of the stream a staged call on `device` copies to the host on (for tests)");
 }
 
 }  // namespace dlop::python

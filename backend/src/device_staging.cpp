@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/device_streams.hpp"
 #include "backend/torch_error.hpp"
 #include "backend/work_dlop.hpp"
 #include "core/log.hpp"
@@ -108,7 +109,13 @@ std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& list
   return all;
 }
 
+c10::Device with_index(c10::Device device) {
+  if (device.has_index()) return device;
+  return {device.type(), c10::impl::VirtualGuardImpl(device.type()).getDevice().index()};
+}
+
 InternalStreams internal_streams(c10::Device device) {
+  device = with_index(device);  // else the streams of whichever device was current first serve index -1
   static std::mutex mutex;
   static std::map<std::pair<int, int>, InternalStreams> streams;
   std::lock_guard lock(mutex);
@@ -199,15 +206,17 @@ DeviceCall::~DeviceCall() {
   }
 }
 
-DeviceCall::DeviceCall(c10::Device device) : device_(device), streams_(internal_streams(device)) {
-  if (device_.index() < 0) {
-    device_ = c10::Device(device_.type(), c10::impl::VirtualGuardImpl(device_.type()).getDevice().index());
-  }
+DeviceCall::DeviceCall(c10::Device device) : device_(with_index(device)), streams_(internal_streams(device_)) {
   // The copies out start after what the caller queued before the call.
   const c10::impl::VirtualGuardImpl impl(device_.type());
   c10::Event caller(device_.type());
   caller.record(impl.getStream(device_));
   caller.block(streams_.to_host);
+}
+
+c10::Stream device_call_stream(c10::Device device) {
+  const DeviceCall call(device);
+  return call.streams().to_host;
 }
 
 at::Tensor DeviceCall::to_host(const at::Tensor& t) {

@@ -55,7 +55,9 @@ struct InternalStreams {
   c10::Stream to_device;
   c10::Stream into_shared;
 };
+// A device without an index (-1) is the current device.
 InternalStreams internal_streams(c10::Device device);
+c10::Device with_index(c10::Device device);
 
 // Page-locked host buffers, per device type, kept and reused (allocating
 // pinned memory costs far more than the copies it speeds up). A lease goes
@@ -132,7 +134,7 @@ class DeviceCall {
   const std::shared_ptr<StagedBuffers>& buffers() const { return buffers_; }
 
  private:
-  c10::Device device_;
+  c10::Device device_;  // with its index: the streams are looked up by it
   InternalStreams streams_;
   std::shared_ptr<StagedBuffers> buffers_ = std::make_shared<StagedBuffers>();
   std::shared_ptr<const StreamEvent> first_staged_;

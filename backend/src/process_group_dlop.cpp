@@ -176,12 +176,8 @@ std::shared_ptr<SharedDeviceArena> ProcessGroupDlop::shared_device(c10::Device d
     if (auto* memory = std::get_if<DeviceMemory>(&answer)) {
       DLOP_CHECK_ARG(static_cast<int>(memory->slabs.size()) == getSize(), "dlop: shared device memory of ",
                      memory->slabs.size(), " ranks for a group of ", getSize());
-      std::weak_ptr<sched::Communicator> comm = comm_;
-      shared_device_ = std::make_shared<SharedDeviceArena>(
-          memory->slabs.at(0).device(), getRank(), std::move(memory->slabs), memory->slot_bytes,
-          [comm](const std::string& why) {
-            if (auto c = comm.lock()) c->abort(why);
-          });
+      shared_device_ = std::make_shared<SharedDeviceArena>(memory->slabs.at(0).device(), getRank(),
+                                                           std::move(memory->slabs), memory->slot_bytes, comm_);
     }
   }
   if (!shared_device_ || shared_device_->device() != device) return nullptr;

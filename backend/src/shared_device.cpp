@@ -10,6 +10,7 @@
 
 #include "backend/process_group_dlop.hpp"
 #include "backend/torch_error.hpp"
+#include "core/log.hpp"
 #include "device_staging.hpp"
 #include "scheduler/ready_event.hpp"
 #include "stream_waiter.hpp"
@@ -147,8 +148,8 @@ void combine(at::Tensor out, const std::vector<at::Tensor>& views, const c10d::R
 }  // namespace
 
 SharedDeviceArena::SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs,
-                                     std::size_t slot_bytes, std::function<void(const std::string&)> abort_group)
-    : abort_group_(std::move(abort_group)),
+                                     std::size_t slot_bytes, std::weak_ptr<sched::Communicator> comm)
+    : comm_(std::move(comm)),
       device_(device),
       rank_(rank),
       slot_bytes_(slot_bytes),
@@ -344,30 +345,78 @@ void SharedDeviceArena::reduced(std::uint64_t seq) {
 }
 
 void SharedDeviceArena::release(const std::string& why) {
-  std::vector<std::shared_ptr<HostSignal>> gates;
+  const auto comm = comm_.lock();
   // First: the barriers still queued, opened below, then fail at once.
-  if (!why.empty() && abort_group_) abort_group_(why);
+  if (!why.empty() && comm) comm->abort(why);
+  std::vector<std::shared_ptr<HostSignal>> gates;
+  auto drained = std::make_shared<HostSignal>(1, "the last reduce of rank " + std::to_string(rank_) +
+                                                     " in shared device memory on " + device_.str());
+  std::shared_ptr<at::Tensor> own;
   {
     std::lock_guard lock(mutex_);
     if (released_) return;
     released_ = true;
     for (auto& [seq, chunk] : chunks_) gates.push_back(chunk->gate);
     chunks_.clear();
-    // Every rank's memory goes once what this rank queued on it has run:
-    // the copies in, then the reduces.
-    auto slabs = std::make_shared<std::vector<at::Tensor>>(std::move(slabs_));
+    own = std::make_shared<at::Tensor>(std::move(slabs_[static_cast<std::size_t>(rank_)]));
+    // The peers' memory goes once what this rank queued on it has run: the
+    // copies in, then the reduces; its own waits for the last barrier too.
+    auto peers = std::make_shared<std::vector<at::Tensor>>(std::move(slabs_));
     slabs_.clear();
     auto copies = std::make_shared<c10::Event>(device_.type());
     copies->record(to_slot_);
     auto reduces = std::make_shared<c10::Event>(device_.type());
     reduces->record(to_caller_);
-    when_passed(to_slot_, std::move(copies), [to_caller = to_caller_, reduces, slabs]() mutable {
-      when_passed(to_caller, std::move(reduces), [slabs] { slabs->clear(); });
+    when_passed(to_slot_, std::move(copies), [to_caller = to_caller_, reduces, peers, drained]() mutable {
+      when_passed(to_caller, std::move(reduces), [peers, drained] {
+        peers->clear();
+        drained->arrive();
+      });
     });
   }
   // The barriers still queued start now: on an aborted group they fail at
   // once (at shutdown, the group is going); none of them reduces any more.
   for (auto& gate : gates) gate->open();
+  let_go_of_own(std::move(drained), std::move(own), why);
+}
+
+namespace {
+
+// Memory a peer may still read: never freed, never reused.
+void keep_for_good(std::shared_ptr<at::Tensor> own, const std::string& why) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<at::Tensor>>();  // leaked on purpose, as what it holds
+  const auto bytes = own->defined() ? own->nbytes() : 0;
+  const auto device = own->defined() ? own->device().str() : std::string("?");
+  {
+    std::lock_guard lock(mutex);
+    kept->push_back(std::move(own));
+  }
+  log().warn("dlop: this rank keeps its {} bytes of shared device memory on {} unused until it exits: a peer may "
+             "still read them, and no barrier said otherwise ({})",
+             bytes, device, why);
+}
+
+}  // namespace
+
+void SharedDeviceArena::let_go_of_own(std::shared_ptr<HostSignal> drained, std::shared_ptr<at::Tensor> own,
+                                      const std::string& why) {
+  const auto comm = comm_.lock();
+  if (!why.empty() || !comm) {
+    keep_for_good(std::move(own), why.empty() ? "the group was gone" : why);
+    return;
+  }
+  // Waited for here, not in a callback: the engine stops with the group
+  // (cancelling what is left), and the memory must outlive every peer's reads.
+  sched::OpOptions options;
+  options.ready = std::move(drained);
+  try {
+    comm->barrier(std::move(options)).wait();
+  } catch (const std::exception& e) {
+    keep_for_good(std::move(own), std::string("the last barrier failed: ") + e.what());
+    return;
+  }
+  own.reset();  // every rank has read it
 }
 
 }  // namespace dlop::backend

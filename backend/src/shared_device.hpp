@@ -20,15 +20,26 @@
 // What this path does not serve (other operations, empty tensors, dtypes or
 // operations it has no kernel for: the same answer on every rank for the same
 // call) is staged as before (staged_ops.hpp); a tensor that is not contiguous
-// is reduced in a contiguous copy. After a failure the group is aborted (every
-// later call fails at once), and the arena lets go of every rank's memory once
-// its own queued work is done: a dead peer's memory stays mapped in no survivor.
+// is reduced in a contiguous copy.
+//
+// Letting go: every rank's mapping of its peers' memory goes once its own
+// queued work is done. Its own memory, which the peers map, goes only after a
+// last barrier of the group that each rank enters once its last reduce has
+// passed: until every rank has finished reading it, it stays out of the
+// allocator's reuse (on a GPU the caching allocator would hand it to the next
+// tensor while a peer's reduce still reads it). After a failure (the group is
+// aborted), or if that barrier fails (a dead peer, the timeout), no rank can
+// know that its peers are done: its own memory is kept, unused, for the life
+// of the process, with a warning, rather than freed under a peer's reads.
+// A dead peer's memory stays mapped in no survivor.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <c10/core/Stream.h>
+
+#include "scheduler/communicator.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -47,10 +58,11 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
  public:
   // slabs[r]: rank r's buffer (this rank's own, the others mapped), uint8,
   // each of 2 * slot_bytes, all on `device`.
-  // abort_group: breaks the group's communicator (every later call fails at
-  // once): a failure here leaves barriers queued that no peer may match.
+  // comm: the group's communicator, aborted after a failure here (which
+  // leaves barriers queued that no peer may match), and the one whose last
+  // barrier lets this rank's memory go.
   SharedDeviceArena(c10::Device device, int rank, std::vector<at::Tensor> slabs, std::size_t slot_bytes,
-                    std::function<void(const std::string&)> abort_group);
+                    std::weak_ptr<sched::Communicator> comm);
 
   c10::Device device() const { return device_; }
   std::size_t slot_bytes() const { return slot_bytes_; }
@@ -60,9 +72,12 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
   bool serving() const;
   // The all-reduce (serves() must have said yes).
   c10::intrusive_ptr<c10d::Work> allreduce(ProcessGroupDlop& pg, at::Tensor& tensor, const c10d::AllreduceOptions& opts);
-  // Serves no more calls, and lets go of every rank's memory once what this
-  // rank queued on it has run (at shutdown; after a failure, `why`, which
-  // also aborts the group, so that its queued barriers fail, not run).
+  // Serves no more calls, and lets go of the peers' memory once what this
+  // rank queued on it has run, and of its own after the group's last barrier,
+  // which it waits for (at shutdown: every rank's shutdown waits until every
+  // rank's last reduce has passed, or the barrier fails, within the group's
+  // timeout). After a failure, `why`, which also aborts the group, so that
+  // its queued barriers fail, not run, it returns at once and keeps its own.
   void release(const std::string& why = {});
 
  private:
@@ -72,8 +87,11 @@ class SharedDeviceArena : public std::enable_shared_from_this<SharedDeviceArena>
   void copy_in(Chunk& chunk);  // with mutex_ held
   void copied_in(std::uint64_t seq);
   void barrier_done(std::uint64_t seq, const at::Tensor& agreed);
-  std::function<void(const std::string&)> abort_group_;
   void reduced(std::uint64_t seq);
+  // Frees this rank's own memory after the last barrier, or keeps it.
+  void let_go_of_own(std::shared_ptr<HostSignal> drained, std::shared_ptr<at::Tensor> own, const std::string& why);
+
+  std::weak_ptr<sched::Communicator> comm_;
 
   c10::Device device_;
   int rank_;

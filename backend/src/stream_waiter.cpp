@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -11,6 +13,21 @@
 
 namespace dlop::backend {
 namespace {
+
+void wait_without_spinning(const c10::Event& event) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kShortest = std::chrono::microseconds(20);
+  constexpr auto kLongest = std::chrono::microseconds(2000);
+  const auto start = Clock::now();
+  try {
+    while (!event.query()) {
+      const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+      std::this_thread::sleep_for(std::clamp<std::chrono::microseconds>(waited / 16, kShortest, kLongest));
+    }
+  } catch (...) {
+    // A failed device: `then` runs anyway, and the event's next query says why.
+  }
+}
 
 class StreamWaiter {
  public:
@@ -33,18 +50,14 @@ class StreamWaiter {
   };
 
   void run() {
-    pthread_setname_np(pthread_self(), "dlop-stream-wait");
+    pthread_setname_np(pthread_self(), "dlop-streamwait");  // 15 characters: a longer name is refused
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return !pending_.empty(); });
       auto next = std::move(pending_.front());
       pending_.pop_front();
       lock.unlock();
-      try {
-        next.event->synchronize();
-      } catch (...) {
-        // A failed device: `then` runs anyway, and the event's next query says why.
-      }
+      wait_without_spinning(*next.event);
       next.then();
       next = {};  // what `then` held goes before the thread sleeps
       lock.lock();

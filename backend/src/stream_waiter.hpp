@@ -1,13 +1,18 @@
 // Acts on device events as they pass, with no timer between: each internal
-// stream has a thread (`dlop-stream-wait`) that waits for its events in turn,
+// stream has a thread (`dlop-streamwait`) that waits for its events in turn,
 // blocking in the device's own event wait, and runs what was asked for each
 // as soon as it passes. A staged operation then starts the moment its copy
 // out is done (the engine is woken, not polling), and a call's pinned buffers
 // go back to their pool the moment its copies back are done.
 //
 // Events of one stream pass in the order they were recorded, so waiting for
-// them in that order loses nothing. On CUDA a blocking event wait may spin its
-// thread while it waits, as Gloo's waiting worker does.
+// them in that order loses nothing. The thread never spins: c10::Event's wait
+// is cudaEventSynchronize, which spins a core for the whole wait unless the
+// event was made with a blocking-sync flag that torch's device-generic API
+// cannot ask for, and that API has no host callbacks. So it asks the event
+// (one cheap query), and sleeps between asks for a sixteenth of the time
+// waited so far (at least 20 us, at most 2 ms): a 200 ms kernel costs about
+// 150 queries, and an event is seen at most 1/16 of its wait, or 2 ms, late.
 #pragma once
 
 #include <c10/core/Event.h>

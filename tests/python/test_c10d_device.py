@@ -293,13 +293,15 @@ def rank_wait_does_not_block_host(ctx) -> dict:
 def test_work_wait_does_not_block_the_host_on_the_device(cluster):
     """wait() waits for the host collective (after the 300 ms copy out), not for the 300 ms copy back.
 
-    Meanwhile nobody asks the device whether the copy out is done (a GPU's driver serves those
-    queries and the training thread's kernel launches alike): the copy-out stream's waiting thread
-    wakes the engine when it is, and the engine's thread sleeps meanwhile. Asked at every pass, the
-    device once saw 3 million queries in those 300 ms, and the engine spun a core.
+    Meanwhile the device is asked sparingly whether the copy out is done (a GPU's driver serves
+    those queries and the training thread's kernel launches alike): the copy-out stream's waiting
+    thread asks about once in 2 ms, wakes the engine when it is, and the engine's thread
+    sleeps meanwhile. Asked at every pass, the device once saw 3 million queries in those 300 ms,
+    and the engine spun a core.
     """
     for rank, r in enumerate(cluster.run(rank_wait_does_not_block_host)):
-        assert r["queries"] == 0, f"rank {rank}: {r['queries']} event queries in {r['waited']:.3f} s: {r}"
+        # The waiting thread asks about once in 2 ms once it has waited 32 ms (it never spins).
+        assert r["queries"] <= 2 * r["waited"] * 1e3, f"rank {rank}: {r['queries']} event queries in {r['waited']:.3f} s: {r}"
         assert r["cpu"] < 0.5 * r["waited"], f"rank {rank}: the wait for the device took a core: {r}"
         assert r["called"] < 0.1, f"rank {rank}: the async call blocked for {r['called']:.3f} s"
         assert r["pending"], f"rank {rank}: the current stream had nothing left to wait for after wait(): {r}"

@@ -15,6 +15,9 @@ operation that waits for a timer, shows).
   its copy out.
 * A rank SIGKILLed inside a staged all-reduce: the others raise an error
   naming it within the group's timeout.
+* A rank whose all-reduce waits for its own 200 ms kernel spends under 5% of
+  a core waiting, staged or in shared device memory (dlop_test's event waits
+  spin, as CUDA's do, so a thread that blocks in one burns the whole wait).
 """
 
 from __future__ import annotations
@@ -219,6 +222,54 @@ def test_a_rank_killed_inside_a_staged_allreduce_fails_the_others_in_time(world)
         if rank != victim:
             assert r["type"] is not None and r["elapsed"] < timeout + 5, (rank, r)
             assert f"rank {victim}" in r["message"], (rank, r)
+
+
+def _stream_wait_cpu_ns() -> dict[int, int]:
+    """CPU time of each of this process's dlop-streamwait threads, in ns (schedstat: finer than ticks)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == "dlop-streamwait":
+                out[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            pass  # a thread that ended
+    return out
+
+
+def rank_waits_on_a_long_kernel(ctx) -> dict:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import dlop.testing.accelerator as acc
+
+    device = _device(ctx)
+    x = torch.ones(1000, device=device)
+    dist.all_reduce(x)  # the streams, their waiting threads and any shared memory are set up
+    acc.synchronize()
+    before = _stream_wait_cpu_ns()
+    with acc.timing(op_us=200_000):
+        x.add_(1)  # a 200 ms kernel on the caller's stream, which the all-reduce's copies wait for
+    start = time.monotonic()
+    dist.all_reduce(x, async_op=True).wait()
+    waited = time.monotonic() - start
+    acc.synchronize()
+    after = _stream_wait_cpu_ns()
+    assert after, "no dlop-streamwait thread"
+    cpu = sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
+    pg = dist.group.WORLD._get_backend(device)
+    return {"waited": waited, "cpu": cpu, "shared": pg.shared_device, "ok": x.cpu()[0].item() == 6.0}
+
+
+@pytest.mark.parametrize("path", ["staged", "shared"])
+def test_a_rank_waiting_on_a_long_kernel_does_not_spin(path):
+    env = {"DLOP_TEST_DEVICE_COUNT": "1"} if path == "shared" else {"DLOP_DEVICE_BACKEND": "staged"}
+    setup = Setup(gloo=False, imports=("dlop.testing.accelerator",), env=env)
+    for rank, r in enumerate(run_ranks(rank_waits_on_a_long_kernel, 2, setup=setup)):
+        assert (r["shared"] is not None) == (path == "shared") and r["ok"], (rank, r)
+        assert r["waited"] >= 0.19, (rank, r)
+        assert r["cpu"] < 0.05 * r["waited"], f"rank {rank}: the waiting threads used {r['cpu'] / r['waited']:.0%} of a core: {r}"
 
 
 # Each rank a device of its own (staged), or both on one device (reduced in its memory).

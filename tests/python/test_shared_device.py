@@ -12,9 +12,13 @@ GPU's. What a user relies on:
   collectives) is staged and still right, in the same program;
 * tensors of different sizes on different ranks raise a clear error on every
   rank, no hang, and the group fails its later calls at once;
+* no rank frees its memory while a peer may still read it: a rank that
+  shuts its group down at once after its all-reduce keeps its memory until
+  the slowest rank's reduce has read it (freed memory poisons itself on
+  dlop_test, so a read after the free gives NaN), then every rank lets go;
 * a rank SIGKILLed inside a shared-device all-reduce: the others raise an
-  error naming it within the group's timeout, and no survivor still maps any
-  rank's device memory;
+  error naming it within the group's timeout, and no survivor still maps a
+  peer's device memory (each keeps its own, which a peer might still read);
 * ranks on different devices stage (auto) or are refused (``shared``);
 * DDP's overlap efficiency on this path is at least 0.8 (test_device_overlap
   has the same model staged).
@@ -215,7 +219,51 @@ def test_a_rank_killed_inside_a_shared_device_allreduce_fails_the_others_in_time
             assert r["shared"] == "dlop_test:0", (rank, r)
             assert r["type"] is not None and r["elapsed"] < timeout + 5, (rank, r)
             assert f"rank {victim}" in r["message"], (rank, r)
-            assert r["mapped"] == 0, f"rank {rank} still maps {r['mapped']} regions of device memory"
+            # Its own memory is kept: no barrier said that the other survivor had read it.
+            assert r["mapped"] == 1, f"rank {rank} maps {r['mapped']} regions of device memory, not its own only"
+
+
+def rank_shuts_down_while_a_peer_reads(ctx, slow: int, op_us: int) -> dict:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import dlop.testing.accelerator as acc
+
+    x = torch.full((1000,), float(ctx.rank + 1), device="dlop_test:0")
+    dist.all_reduce(x)  # the shared memory is exchanged here
+    x.fill_(float(ctx.rank + 1))
+    dist.barrier()
+    acc.synchronize()
+    if ctx.rank == slow:
+        # Its reduce sums the slots in rank order, one operator of op_us each:
+        # the last rank's slot is read op_us after the others are done.
+        acc.configure(op_us=op_us)
+    dist.all_reduce(x)
+    result = x.cpu()
+    acc.configure(op_us=0)
+    dist.destroy_process_group()  # the last rank frees its memory here, without a barrier
+    deadline = time.monotonic() + 30
+    while True:  # until the group's last barrier has let every rank's memory go
+        with open("/proc/self/maps") as f:
+            mapped = sum(MAPPING in line for line in f)
+        if mapped == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    time.sleep(op_us / 1e6)  # a rank exiting early would leave its memory unfreed, and unpoisoned
+    return {"result": result.tolist()[:3], "nan": int(result.isnan().sum()), "mapped": mapped}
+
+
+def test_no_rank_frees_its_memory_while_a_peer_still_reads_it():
+    # Rank 0's reduce reads rank 2's slot a second after ranks 1 and 2 are
+    # done and have shut their group down. Private engines: the slow rank's
+    # operators must not hold the others' compute engine.
+    setup = Setup(**_setup_args(DLOP_TEST_DEVICE_SHARE="0"))
+    results = run_ranks(rank_shuts_down_while_a_peer_reads, 3, 0, 1_000_000, setup=setup)
+    for rank, r in enumerate(results):
+        assert r["nan"] == 0 and r["result"] == [6.0] * 3, f"rank {rank} read freed memory: {r}"
+        assert r["mapped"] == 0, f"rank {rank} still maps device memory after the group's last barrier: {r}"
 
 
 def rank_device_choice(ctx) -> dict:

@@ -263,7 +263,8 @@ Engine::Engine(c10::DeviceIndex index, EngineKind kind) {
   }
   static constexpr std::array<const char*, 3> kNames{"compute", "to_device", "to_host"};
   static const auto folder = lock_folder();
-  const auto path = (folder / (share + "-" + std::to_string(index) + "-" + kNames[static_cast<size_t>(kind)] + ".lock")).string();
+  const auto name = share + "-" + std::to_string(index) + "-" + kNames[static_cast<size_t>(kind)] + ".lock";
+  const auto path = (folder / name).string();
   lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   TORCH_CHECK(lock_fd_ >= 0, "dlop_test: cannot open the engine lock ", path, " (DLOP_TEST_DEVICE_SHARE=0 gives ",
               "each process engines of its own): ", std::strerror(errno));

@@ -301,7 +301,8 @@ def test_work_wait_does_not_block_the_host_on_the_device(cluster):
     """
     for rank, r in enumerate(cluster.run(rank_wait_does_not_block_host)):
         # The waiting thread asks about once in 2 ms once it has waited 32 ms (it never spins).
-        assert r["queries"] <= 2 * r["waited"] * 1e3, f"rank {rank}: {r['queries']} event queries in {r['waited']:.3f} s: {r}"
+        assert r["queries"] <= 2 * r["waited"] * 1e3, (
+            f"rank {rank}: {r['queries']} event queries in {r['waited']:.3f} s: {r}")
         assert r["cpu"] < 0.5 * r["waited"], f"rank {rank}: the wait for the device took a core: {r}"
         assert r["called"] < 0.1, f"rank {rank}: the async call blocked for {r['called']:.3f} s"
         assert r["pending"], f"rank {rank}: the current stream had nothing left to wait for after wait(): {r}"

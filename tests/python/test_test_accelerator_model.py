@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,7 +272,10 @@ def test_private_engines_when_asked_and_across_launchers():
 
 
 def test_a_named_share_joins_processes_of_any_parent():
-    two = _processes(2, via_own_parent=True, DLOP_TEST_DEVICE_SHARE=f"test{os.getpid()}")
+    name = f"test{os.getpid()}"
+    two = _processes(2, via_own_parent=True, DLOP_TEST_DEVICE_SHARE=name)
+    for lock in (Path(tempfile.gettempdir()) / "dlop_test-engines").glob(f"name-{name}-*.lock"):
+        lock.unlink(missing_ok=True)
     assert _span(two) >= 2 * ALONE_S * 0.95, two
 
 

@@ -51,21 +51,10 @@ source scripts/gpu_lib.sh
 REV=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_data/rev 2>/dev/null || echo unknown)
 gpu_begin "$BENCH" "${2:-bench/results/$BENCH/$(date -u +%Y-%m-%d)-$REV}"
 GPU_DROP="raw/trace/* raw/overlap_trace/*"  # dropped only where the pack would not come back whole
-COMMAND="DEV=$DEV GPU_BUDGET=$BUDGET scripts/gpu_check.sh $PART OUT"
-{
-  echo "command: $COMMAND"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  command -v nvidia-smi >/dev/null && timeout 8 nvidia-smi --query-gpu=name,memory.total,driver_version \
-    --format=csv,noheader | sed 's/^/gpu: /'
-} | tee "$WORK/machine.txt"
+gpu_machine "DEV=$DEV GPU_BUDGET=$BUDGET scripts/gpu_check.sh $PART OUT"
 
 gpu_readme() {
-  echo "# $BENCH: scripts/gpu_check.sh $PART on $DEV"
-  echo
-  echo "- Date: $DATE (UTC)"
-  echo "- Commit: $REV"
-  echo "- Machine: $(grep -E '^(cpu|gpu|torch)' "$WORK/machine.txt" | cut -d' ' -f2- | paste -sd ';' -)"
-  echo "- Command: \`$COMMAND\` (scripts/gpu_plan.md)"
+  gpu_readme_head "scripts/gpu_check.sh $PART on $DEV"
   [[ -s $WORK/notes.txt ]] && { echo; sed 's/^/- /' "$WORK/notes.txt"; }
   echo
   echo "## Steps"

@@ -55,21 +55,10 @@ ROW_SECONDS=${ROW_SECONDS:-15}
 CORES=$(nproc)
 STOCK_WORKERS=${STOCK_WORKERS:-$K}
 ALL_WORKERS=${ALL_WORKERS:-$CORES}
-COMMAND="DEV=$DEV K=$K ROW_SECONDS=$ROW_SECONDS SIZE=$SIZE GPU_BUDGET=$BUDGET scripts/gpu_headline.sh $KIND OUT"
-{
-  echo "command: $COMMAND"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $CORES cores"
-  command -v nvidia-smi >/dev/null && timeout 8 nvidia-smi --query-gpu=name,memory.total,driver_version \
-    --format=csv,noheader | sed 's/^/gpu: /'
-} | tee "$WORK/machine.txt"
+gpu_machine "DEV=$DEV K=$K ROW_SECONDS=$ROW_SECONDS SIZE=$SIZE GPU_BUDGET=$BUDGET scripts/gpu_headline.sh $KIND OUT"
 
 gpu_readme() {
-  echo "# $BENCH: bench.train --device $DEV --kind $KIND, K=$K, one row per invocation"
-  echo
-  echo "- Date: $DATE (UTC)"
-  echo "- Commit: $REV"
-  echo "- Machine: $(grep -E '^(cpu|gpu|torch)' "$WORK/machine.txt" | cut -d' ' -f2- | paste -sd ';' -)"
-  echo "- Command: \`$COMMAND\` (scripts/gpu_plan.md)"
+  gpu_readme_head "bench.train --device $DEV --kind $KIND, K=$K, one row per invocation"
   echo
   echo "DataLoader workers fixed, not probed: stock $STOCK_WORKERS, stock_all_cores $ALL_WORKERS."
   [[ -s $WORK/notes.txt ]] && { echo; sed 's/^/- /' "$WORK/notes.txt"; }

@@ -31,8 +31,9 @@
 #                           (0 ok, 2 steps skipped for time, 1 a step failed). Where the pack is too large to
 #                           come back, it packs again without the files of GPU_DROP (patterns under WORK).
 #
-# The script defines gpu_readme (prints README.md's body: the Date, Commit,
-# Machine and Command lines first) before calling gpu_finish.
+# The script calls gpu_machine COMMAND after gpu_begin, and defines gpu_readme
+# (prints README.md's body, starting with gpu_readme_head TITLE) before calling
+# gpu_finish.
 
 GPU_RESERVE=${GPU_RESERVE:-25}  # seconds kept for packing at the end
 
@@ -54,6 +55,27 @@ gpu_begin() {
   trap 'gpu_finish; exit $?' EXIT
   trap 'echo "stopped by a signal after $(gpu_elapsed) s"; STATUS=1; exit 1' TERM INT
   echo "# $GPU_BENCH at $REV, $(date -u +%Y-%m-%dT%H:%M:%SZ), budget $BUDGET s, results into $OUT"
+}
+
+# The run's machine and command, into WORK/machine.txt; COMMAND is kept for gpu_readme_head.
+gpu_machine() {
+  COMMAND=$1
+  {
+    echo "command: $COMMAND"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+    command -v nvidia-smi >/dev/null && timeout 8 nvidia-smi --query-gpu=name,memory.total,driver_version \
+      --format=csv,noheader | sed 's/^/gpu: /'
+  } | tee "$WORK/machine.txt"
+}
+
+# README.md's first lines: TITLE, then the Date, Commit, Machine and Command lines.
+gpu_readme_head() {
+  echo "# $GPU_BENCH: $1"
+  echo
+  echo "- Date: $DATE (UTC)"
+  echo "- Commit: $REV"
+  echo "- Machine: $(grep -E '^(cpu|gpu|torch)' "$WORK/machine.txt" | cut -d' ' -f2- | paste -sd ';' -)"
+  echo "- Command: \`$COMMAND\` (scripts/gpu_plan.md)"
 }
 
 gpu_elapsed() { echo $(($(date +%s) - START)); }

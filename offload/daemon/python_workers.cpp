@@ -23,6 +23,8 @@ namespace dlop::offload::daemon {
 
 namespace {
 
+constexpr const char* kNoWorkerLeft = "generic Python path: every Python worker of this connection died";
+
 using Clock = std::chrono::steady_clock;
 
 // Largest answer a worker may send: the daemon's bound on one batch (as for
@@ -226,9 +228,18 @@ PythonWorkers::~PythonWorkers() {
 void PythonWorkers::submit(Job job) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(job));
+    if (alive_ > 0) {
+      queue_.push_back(std::move(job));
+      cv_.notify_one();
+      return;
+    }
   }
-  cv_.notify_one();
+  // No worker is left to make it: it fails now, as the queued ones did.
+  JobResult r;
+  r.job = std::move(job);
+  r.error = protocol::ErrorMsg{r.job.lease, protocol::ErrorCode::kInternal, kNoWorkerLeft};
+  stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
+  deliver_(std::move(r));
 }
 
 bool PythonWorkers::cancel_queued(std::uint64_t lease) {
@@ -300,8 +311,7 @@ void PythonWorkers::serve(Worker& w, bool first) {
   for (Job& j : orphans) {
     JobResult r;
     r.job = std::move(j);
-    r.error = protocol::ErrorMsg{r.job.lease, protocol::ErrorCode::kInternal,
-                                 "generic Python path: every Python worker of this connection died"};
+    r.error = protocol::ErrorMsg{r.job.lease, protocol::ErrorCode::kInternal, kNoWorkerLeft};
     stats_.batches_failed.fetch_add(1, std::memory_order_relaxed);
     deliver_(std::move(r));
   }
@@ -342,6 +352,8 @@ JobResult PythonWorkers::execute(Worker& w, Job job, bool& died) {
     const std::uint64_t read_after = bytes_read(w.pid);
     stats_.read.add(n, std::chrono::nanoseconds(0), read_after >= read_before ? read_after - read_before : 0);
     stats_.samples_made.fetch_add(count, std::memory_order_relaxed);
+    // A batch short of its n samples left the rest out under the skip policy.
+    stats_.samples_skipped.fetch_add(n - count, std::memory_order_relaxed);
     r.ready.count = count;
     r.ready.bytes = bytes;
     r.bytes = bytes;

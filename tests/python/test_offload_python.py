@@ -287,6 +287,36 @@ def test_a_daemon_whose_python_cannot_start_workers_says_so(token_file):
         d.kill()
 
 
+class KillsItsWorker(torch.utils.data.Dataset):
+    """Ends any process but the one that made it: every Python worker of a daemon dies at its first sample."""
+
+    def __init__(self) -> None:
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i):
+        if os.getpid() != self.parent:
+            os._exit(3)
+        return torch.tensor([i])
+
+
+def test_a_daemon_that_fails_every_batch_is_dropped_not_asked_forever(token_file):
+    # Its workers gone, the daemon fails each batch as its own failure: asked
+    # again and again, the epoch would never end.
+    d = python_daemon(token_file)
+    try:
+        loader = remote(KillsItsWorker(), [d], batch_size=4, shuffle=False)
+        with pytest.raises(dlop.NoOffloaderError):
+            for _ in loader:
+                pass
+        assert loader.stats().leases_reissued <= 3
+        assert d.proc.poll() is None  # the daemon itself goes on
+    finally:
+        d.kill()
+
+
 SCRIPT = """
 import sys, torch
 from dlop.data import OffloadLoader

@@ -253,6 +253,9 @@ def test_skipped_samples_are_left_out_once_and_counted(tmp_path, daemon, path, w
     assert loader.stats().samples_skipped == 1
     text = exposition([({"rank": "0"}, loader.stats())])
     assert 'dlop_data_samples_skipped_total{rank="0"} 1' in text
+    if where == "offloaded":  # the daemon counts it too, on either path
+        host, port = daemon.address.rsplit(":", 1)
+        assert dlop._C.offload.daemon_stats(host, int(port), TOKEN, 10.0)["counters"]["samples_skipped"] == 1
 
 
 def test_the_last_daemon_gone_hands_the_epoch_to_local_workers_at_once(tmp_path, daemon):

@@ -28,6 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kAlign = 4096;
 constexpr std::size_t kMinAlign = 64;
+constexpr int kFailuresToDrop = 3;  // a daemon's own failures in a row before it is dropped
 
 enum class PosState { kPending, kLeased, kFilled, kYielded };
 
@@ -62,6 +63,10 @@ struct Daemon {
   // would be handed the refused batch straight back, one round trip each.
   bool paused = false;
   std::uint64_t completed = 0;
+  // Its own failures (kInternal: a worker died, its sends to us fail) since
+  // its last batch: past kFailuresToDrop it is dropped, since a daemon that
+  // fails every batch would otherwise be asked again forever.
+  int failed_in_a_row = 0;
   // Since when it has held leases without answering any: set by its first
   // lease after it held none, and by each answer.
   Clock::time_point silent_since;
@@ -291,7 +296,10 @@ struct LeaseManager::Impl {
     const Lease l = it->second;
     leases.erase(it);
     daemons[d].silent_since = Clock::now();
-    if (c.status == Completion::Status::kReady) ++daemons[d].completed;
+    if (c.status == Completion::Status::kReady) {
+      ++daemons[d].completed;
+      daemons[d].failed_in_a_row = 0;
+    }
     daemons[d].paused = c.status == Completion::Status::kFailed && c.error_code == protocol::ErrorCode::kBusy;
     Position* p = l.generation == generation ? &positions[l.position] : nullptr;
     const bool open = p != nullptr && (p->state == PosState::kLeased || p->state == PosState::kPending);
@@ -316,6 +324,10 @@ struct LeaseManager::Impl {
                  c.error);
       if (p->lease == c.lease) p->state = PosState::kPending;
       ++reissued;
+    }
+    if (c.status == Completion::Status::kFailed && c.error_code == protocol::ErrorCode::kInternal &&
+        !daemons[d].dead && ++daemons[d].failed_in_a_row >= kFailuresToDrop) {
+      drop(d, fmt::format("failed {} batches in a row (the last: {})", kFailuresToDrop, c.error), true);
     }
   }
 

@@ -35,7 +35,7 @@ layer_of() {  # the layer a changed path belongs to (empty: none)
     core/*) echo core ;; transport/*) echo transport ;; collectives/*) echo collectives ;;
     scheduler/*) echo scheduler ;; media/*) echo media ;; offload/*|python/dlop/data/*) echo offload ;;
     backend/test_accelerator/*|python/dlop/testing/*) echo accelerator ;;
-    backend/*|python/dlop/_backend.py|python/dlop/_device_backend.py) echo backend ;;
+    backend/*|python/dlop/c10d/*) echo backend ;;
     python/dlop/report/*) echo report ;; bench/*) echo bench ;; python/*) echo python ;;
     tests/python/*.py|tests/bench/*.py) echo "file:$1" ;;
   esac

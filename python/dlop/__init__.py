@@ -18,15 +18,20 @@ __version__ = "0.1.0"
 import os as _os
 import sys as _sys
 
+from dlop import _moved
+
+_moved.install()  # old module paths (dlop.scaling, dlop.run, ...: see _moved.py) keep importing, with a warning, for one release
+
 _BACKEND_NAMES = ("init", "register_backend", "register_device")
 
 
 def _load_backend() -> None:
     """Imports torch, registers the backend, and binds the backend's functions and dlop's errors here."""
-    from dlop import _backend, errors
+    from dlop import errors
+    from dlop.c10d import backend
 
-    _backend.register_backend()
-    globals().update({name: getattr(_backend, name) for name in _BACKEND_NAMES})
+    backend.register_backend()
+    globals().update({name: getattr(backend, name) for name in _BACKEND_NAMES})
     globals().update({name: getattr(errors, name) for name in errors.__all__})
 
 
@@ -41,7 +46,7 @@ def _is_the_dlop_command() -> bool:
 if _is_the_dlop_command():
     def __getattr__(name: str):
         # Only the backend's functions and the errors (classes: capitalised) load it. Anything else
-        # may be a submodule (`from dlop import _slurm`), which the import system then imports itself.
+        # may be a submodule (`from dlop import fleet`), which the import system then imports itself.
         if name in _BACKEND_NAMES or name[:1].isupper():
             _load_backend()
             if name in globals():

@@ -27,10 +27,10 @@ import sys
 COMMANDS = {
     "make-dataset": ("dlop.data.make_dataset", "generate a built-in synthetic dataset: images (default), video or audio"),
     "pack": ("dlop.data.pack", "pack a folder by class or a manifest into a dlop record file"),
-    "run": ("dlop.run", "run an unmodified training command with its DataLoaders offloaded"),
-    "offloader": ("dlop.offloader_launcher", "run dlop-offloader for a job: in its c10d store, or in SLURM het group 1"),
-    "slurm-template": ("dlop.slurm_template", "print a SLURM batch script: training in het group 0, offloaders in 1"),
-    "offloader-stats": ("dlop.offloader_stats", "a running dlop-offloader's per-stage throughput and counters"),
+    "run": ("dlop.fleet.run", "run an unmodified training command with its DataLoaders offloaded"),
+    "offloader": ("dlop.fleet.launcher", "run dlop-offloader for a job: in its c10d store, or in SLURM het group 1"),
+    "slurm-template": ("dlop.fleet.slurm_template", "print a SLURM batch script: training in het group 0, offloaders in 1"),
+    "offloader-stats": ("dlop.fleet.stats", "a running dlop-offloader's per-stage throughput and counters"),
     "report": ("dlop.report.tables", "benchmark JSON as tables and plots; `report linearity`: the DDP linearity "
                "report from its measurements; `report trace DIR`: a DLOP_TRACE folder's waits and run times"),
 }

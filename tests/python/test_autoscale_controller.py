@@ -15,13 +15,13 @@ torch = pytest.importorskip("torch")
 
 from processes import offloader, wait_for  # noqa: E402
 
-from dlop.data import autoscale, discovery  # noqa: E402
+from dlop.fleet import discovery  # noqa: E402
 from dlop.data.metrics import LoaderStats, OffloaderStats  # noqa: E402
-from dlop.local_offloaders import token_folder  # noqa: E402
-from dlop.run import environment  # noqa: E402
-from dlop.scaling import figures  # noqa: E402
-from dlop.scaling.controller import Controller  # noqa: E402
-from dlop.scaling.local import LocalActuator  # noqa: E402
+from dlop.fleet.local import token_folder  # noqa: E402
+from dlop.fleet.run import environment  # noqa: E402
+from dlop.fleet.scaling import figures, policy  # noqa: E402
+from dlop.fleet.scaling.controller import Controller  # noqa: E402
+from dlop.fleet.scaling.local import LocalActuator  # noqa: E402
 
 
 def _stats(rank: int, steps: int, step: float, stall: float, offloaders: dict[str, int],
@@ -58,7 +58,7 @@ def test_a_stall_on_every_rank_grows_the_fleet_and_the_new_daemons_are_announced
     store, actuator, said = fleet
     actuator.scale(1)
     (first,) = actuator.addresses
-    c = Controller(store, actuator, autoscale.Settings(max=4, hysteresis=2, cooldown_steps=5), window=1, say=said.append)
+    c = Controller(store, actuator, policy.Settings(max=4, hysteresis=2, cooldown_steps=5), window=1, say=said.append)
     # Two ranks, a 0.1 s step half of which waits for data; the one daemon makes 10 batches/s for them both.
     for k in range(4):
         steps = 10 * (k + 1)
@@ -75,7 +75,7 @@ def test_busy_fractions_count_only_once_they_cover_the_present_fleet(fleet):
     store, actuator, said = fleet
     actuator.scale(2)
     a, b = actuator.addresses
-    c = Controller(store, actuator, autoscale.Settings(max=4, hysteresis=2, cooldown_steps=0), window=1, say=said.append)
+    c = Controller(store, actuator, policy.Settings(max=4, hysteresis=2, cooldown_steps=0), window=1, say=said.append)
 
     def window(k: int):
         # No stall; each daemon made 5 of the 10 batches/s the rank took and says it was busy 10% of its last seconds.
@@ -98,7 +98,7 @@ def test_busy_fractions_count_only_once_they_cover_the_present_fleet(fleet):
 def test_a_dead_daemon_is_reported_and_the_target_falls_to_the_fleet_left(fleet):
     store, actuator, said = fleet
     actuator.scale(2)
-    c = Controller(store, actuator, autoscale.Settings(max=4), window=1, say=said.append)
+    c = Controller(store, actuator, policy.Settings(max=4), window=1, say=said.append)
     victim = actuator.daemons[1]
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait()
@@ -116,7 +116,7 @@ def test_a_scheduler_failure_is_named_and_the_fleet_goes_on(fleet, tmp_path, mon
     broken.write_text("#!/bin/sh\necho 'dlop-offloader: no room on this host' >&2\nexit 7\n")
     broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("DLOP_OFFLOADER", str(broken))
-    c = Controller(store, actuator, autoscale.Settings(max=4, hysteresis=1, cooldown_steps=100), window=1,
+    c = Controller(store, actuator, policy.Settings(max=4, hysteresis=1, cooldown_steps=100), window=1,
                    say=said.append)
     for k in range(2):
         steps = 10 * (k + 1)

@@ -1,4 +1,4 @@
-"""dlop.data.autoscale: the fleet-size policy on recorded traces, its settings, the
+"""dlop.fleet.scaling.policy: the fleet-size policy on recorded traces, its settings, the
 aggregation over ranks and the exchange of the ranks' figures over a real c10d store.
 
 A trace is a list of windows of 10 steps, as a rank's OffloadLoader.stats() would
@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from dlop.data.autoscale import (JobWindow, RankWindow, Settings, State, add_arguments,
+from dlop.fleet.scaling.policy import (JobWindow, RankWindow, Settings, State, add_arguments,
                                  aggregate, decide, estimate, from_arguments)
 
 ADDRESSES = [f"offloader{k}:7001" for k in range(12)]

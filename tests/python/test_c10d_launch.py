@@ -262,7 +262,7 @@ def test_srun_dlop_init(tasks_per_node, nodelist, master, tmp_path):
     ("a-[1-2].cluster", ["a-1.cluster", "a-2.cluster"]),
 ])
 def test_slurm_hostlists_expand(nodelist, expected):
-    from dlop._slurm import expand_hostlist
+    from dlop.fleet.slurm import expand_hostlist
 
     assert expand_hostlist(nodelist) == expected
 

@@ -139,11 +139,11 @@ class _Store:
     (["h1 cuda:1", "h1 cuda:1", "h2 cuda:0"], False),
 ], ids=["visible-devices", "same-gpu", "hosts", "no-uuid", "shared-index"])
 def test_auto_compares_the_devices_ranks_use_not_their_counts(monkeypatch, devices, own):
-    from dlop import _device_backend
+    from dlop.c10d import device as device_backend
 
     keys = {f"dlop-devices/{rank}": device.encode() for rank, device in enumerate(devices)}  # all ranks have set
     answers = set()
     for rank, device in enumerate(devices):
-        monkeypatch.setattr(_device_backend, "_device_in_use", lambda _type, d=device: d)
-        answers.add(_device_backend._each_rank_has_own_device(_Store(keys), rank, len(devices), "cuda"))
+        monkeypatch.setattr(device_backend, "_device_in_use", lambda _type, d=device: d)
+        answers.add(device_backend._each_rank_has_own_device(_Store(keys), rank, len(devices), "cuda"))
     assert answers == {own}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dlop.testing.accelerator as accelerator
-from dlop import run_loaders
+from dlop.data import run_loaders
 from dlop.data import _device
 
 

@@ -1,4 +1,4 @@
-"""dlop.data.discovery on a real TCPStore (announce order, no duplicates,
+"""dlop.fleet.discovery on a real TCPStore (announce order, no duplicates,
 withdrawal, a hole left by a dead announcer, a Watcher reporting a late joiner
 once), and `dlop offloader --store` end to end: a real dlop-offloader started,
 announced, used by an OffloadLoader through the address found in the store,
@@ -21,7 +21,7 @@ from processes import offloader, wait_for
 
 dist = pytest.importorskip("torch.distributed")
 
-from dlop.data import discovery  # noqa: E402
+from dlop.fleet import discovery  # noqa: E402
 
 TOKEN = "discovery-test-token-0123456789abcdef"
 

@@ -1,4 +1,4 @@
-"""dlop.scaling.kubernetes: the actuator's requests, answers and errors, over HTTPS.
+"""dlop.fleet.scaling.kubernetes: the actuator's requests, answers and errors, over HTTPS.
 
 It talks to an HTTPS server made here that answers the one resource the
 actuator uses, a Deployment's scale subresource, as kube-apiserver answers it:
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from dlop.scaling.actuator import ActuatorError
-from dlop.scaling.kubernetes import KubernetesActuator, parse_deployment
+from dlop.fleet.scaling.actuator import ActuatorError
+from dlop.fleet.scaling.kubernetes import KubernetesActuator, parse_deployment
 
 NS, NAME = "training", "dlop-offloader"
 PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}/scale"

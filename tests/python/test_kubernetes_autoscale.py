@@ -2,10 +2,10 @@
 
 The trainers' way: trainer-rbac.yaml lets the trainer's ServiceAccount get and
 patch the offloader Deployment's scale and nothing else, which is exactly
-what dlop.scaling.kubernetes asks for, and trainer-job.yaml runs the
+what dlop.fleet.scaling.kubernetes asks for, and trainer-job.yaml runs the
 controller on that Deployment. The autoscalers' way: the HPA (autoscale-hpa/)
 and KEDA's ScaledObject (autoscale-keda/) target the same Deployment with one
-query, and the query asks for dlop.data.autoscale's estimate: promtool
+query, and the query asks for dlop.fleet.scaling.policy's estimate: promtool
 (Prometheus's own evaluator) runs it over series named and labelled as the
 trainers serve them (dlop.data.metrics.exposition). The kustomizations are
 built with kubectl's kustomize where kubectl is installed.
@@ -29,8 +29,9 @@ import subprocess
 import pytest
 from test_kubernetes import FOLDER, _load, docs, yaml
 
-from dlop.data import autoscale, metrics
-from dlop.scaling.kubernetes import KubernetesActuator, parse_deployment
+from dlop.data import metrics
+from dlop.fleet.scaling import policy
+from dlop.fleet.scaling.kubernetes import KubernetesActuator, parse_deployment
 
 ROLE_GROUP, ROLE_KIND = "rbac.authorization.k8s.io", {"ServiceAccount", "Role", "RoleBinding"}
 
@@ -77,15 +78,15 @@ def test_the_trainer_runs_the_controller_on_the_offloader_deployment(tmp_path, c
     annotations = _load("trainer-job.yaml")["spec"]["template"]["metadata"]["annotations"]
     assert env["DLOP_METRICS_PORT"]["value"] == annotations["prometheus.io/port"] == str(port)
     # The policy's options are valid settings, the same bounds the autoscalers of the other way keep.
-    policy = argparse.ArgumentParser()
-    autoscale.add_arguments(policy)
+    parser = argparse.ArgumentParser()
+    policy.add_arguments(parser)
     policy_args = [a for o in ("--min", "--max") for a in (o, _option(command, o))]
-    settings = autoscale.from_arguments(policy.parse_args(policy_args))
+    settings = policy.from_arguments(parser.parse_args(policy_args))
     hpa, keda = _load("autoscale-hpa/hpa.yaml")["spec"], _load("autoscale-keda/scaledobject.yaml")["spec"]
     assert (settings.min, settings.max) == (hpa["minReplicas"], hpa["maxReplicas"]) == (
         keda["minReplicaCount"], keda["maxReplicaCount"])
     # And dlop run takes the whole command, once it has the controller's options.
-    from dlop import run
+    from dlop.fleet import run
 
     token = tmp_path / "token"
     token.write_text("0123456789abcdef" * 4)
@@ -193,7 +194,7 @@ def _series(stall_step: tuple[tuple[float, float], ...], busy: float, namespace:
 
 def test_the_query_asks_for_the_policys_estimate(tmp_path):
     """desired = ceil(current x value / threshold), as the HPA computes it for a Value target,
-    is what dlop.data.autoscale.estimate gives at headroom 1 / threshold."""
+    is what dlop.data.policy.estimate gives at headroom 1 / threshold."""
     promtool = shutil.which("promtool")
     if not promtool:
         pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
@@ -208,11 +209,11 @@ def test_the_query_asks_for_the_policys_estimate(tmp_path):
                                             "exp_samples": [{"labels": "{}", "value": value}]}]})
         stall, step = max(s for s, _ in ranks), max(t for _, t in ranks)
         rate = len(ranks) / step / OFFLOADERS  # what each offloader delivers while the ranks step at `step`
-        window = autoscale.JobWindow(step=100, ranks=len(ranks), step_seconds=step, stall_seconds=stall,
+        window = policy.JobWindow(step=100, ranks=len(ranks), step_seconds=step, stall_seconds=stall,
                                      rates={f"o{i}": rate for i in range(OFFLOADERS)},
                                      busy={f"o{i}": busy for i in range(OFFLOADERS)}, live=OFFLOADERS)
         if ratio <= 0.9:  # beyond, the cap holds the ask at 10 x the fleet's busy share
-            expected = autoscale.estimate(autoscale.Settings(headroom=1 / threshold), window)
+            expected = policy.estimate(policy.Settings(headroom=1 / threshold), window)
             assert math.ceil(OFFLOADERS * value / threshold) == expected, (ranks, busy)
     (tmp_path / "query.yaml").write_text(yaml.safe_dump({"rule_files": [], "tests": tests}))
     done = subprocess.run([promtool, "test", "rules", "query.yaml"], cwd=tmp_path, capture_output=True, text=True,

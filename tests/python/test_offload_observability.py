@@ -288,7 +288,7 @@ def test_dlop_run_passes_daemon_options_and_prints_the_token_file(tmp_path):
     (["--offloader-threads", "0"], "--offloader-threads 0: at least 1"),
 ])
 def test_daemon_options_out_of_place_are_named(args, message, capsys):
-    from dlop.run import environment
+    from dlop.fleet.run import environment
 
     with pytest.raises(SystemExit):
         environment([*args, "--", "python", "x.py"], {"DLOP_OFFLOAD_TOKEN": TOKEN})

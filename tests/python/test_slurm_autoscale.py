@@ -1,4 +1,4 @@
-"""SlurmActuator (dlop.scaling.slurm) on a real SLURM cluster: Debian's
+"""SlurmActuator (dlop.fleet.scaling.slurm) on a real SLURM cluster: Debian's
 munged, slurmctld and two slurmd in namespaces (slurm_cluster.py), started
 once for the module.
 
@@ -27,9 +27,9 @@ torch = pytest.importorskip("torch")
 import slurm_cluster  # noqa: E402
 from processes import wait_for  # noqa: E402
 
-from dlop.data import discovery  # noqa: E402
-from dlop.scaling.actuator import ActuatorError  # noqa: E402
-from dlop.scaling.slurm import SlurmActuator  # noqa: E402
+from dlop.fleet import discovery  # noqa: E402
+from dlop.fleet.scaling.actuator import ActuatorError  # noqa: E402
+from dlop.fleet.scaling.slurm import SlurmActuator  # noqa: E402
 
 DEADLINE = 60.0  # seconds for a job to start, announce itself or end (a hang fails, it does not block the suite)
 TOKEN = "slurm-autoscale-test-token-0123456789"

@@ -6,12 +6,12 @@ naming it) and :func:`run` carries them out:
 
 1. a TCPStore for the fleet, hosted here (DLOP_RUN_STORE): the trainers read
    the offloaders there (DLOP_RUN_DISCOVER) and publish their figures there
-   (DLOP_RUN_AUTOSCALE, dlop.scaling.figures);
+   (DLOP_RUN_AUTOSCALE, dlop.fleet.scaling.figures);
 2. the scaler's actuator and the first ``--min`` offloaders (local: started
    and listening before the command starts; slurm: submitted, and the trainers
    wait up to --wait seconds, default 120, for the first to be announced,
    DLOP_RUN_DISCOVER_WAIT);
-3. the controller (dlop.scaling.controller), every ``--window`` seconds;
+3. the controller (dlop.fleet.scaling.controller), every ``--window`` seconds;
 4. the command, as our child; when it exits the controller stops and the
    actuator stops what it started.
 """
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlop.data import autoscale
+from dlop.fleet.scaling import policy
 
 
 @dataclass(frozen=True)
 class Plan:
     scaler: str
-    settings: autoscale.Settings
+    settings: policy.Settings
     window: float
     advertise: str
     cores: int | None = None
@@ -55,7 +55,7 @@ def _default_scaler(env: dict[str, str]) -> str:
 def plan(p: argparse.ArgumentParser, args: argparse.Namespace, env: dict[str, str]) -> Plan:
     """The checked options of `dlop run --offloaders auto`; p.error names a bad one."""
     try:
-        settings = autoscale.from_arguments(args)
+        settings = policy.from_arguments(args)
     except ValueError as e:
         p.error(str(e))
     scaler = args.scaler or _default_scaler(env)
@@ -105,27 +105,27 @@ def _store(advertise: str):
 
 def _actuator(plan: Plan, store: Any, store_address: str, command: list[str], env: dict[str, str]):
     if plan.scaler == "local":
-        from dlop.local_offloaders import default_count, token_folder
-        from dlop.scaling.local import LocalActuator
+        from dlop.fleet.local import default_count, token_folder
+        from dlop.fleet.scaling.local import LocalActuator
 
         folder, token_file = token_folder()
         cores = plan.cores if plan.cores is not None else default_count(command, env)
         return LocalActuator(store, token_file, cores), folder, str(token_file)
     if plan.scaler == "slurm":
-        from dlop import _slurm
-        from dlop.scaling.slurm import SlurmActuator
+        from dlop.fleet import slurm
+        from dlop.fleet.scaling.slurm import SlurmActuator
 
-        floor = len(_slurm.het_offloaders(env) or ())
+        floor = len(slurm.het_offloaders(env) or ())
         return SlurmActuator(store_address, Path(plan.token_file), sbatch_args=list(plan.sbatch_args), floor=floor,
                              env=env), None, plan.token_file
-    from dlop.scaling.kubernetes import KubernetesActuator
+    from dlop.fleet.scaling.kubernetes import KubernetesActuator
 
     return KubernetesActuator.from_text(plan.deployment), None, plan.token_file
 
 
 def run(command: list[str], env: dict[str, str], plan: Plan) -> int:
-    from dlop.local_offloaders import run_command
-    from dlop.scaling.controller import Controller
+    from dlop.fleet.local import run_command
+    from dlop.fleet.scaling.controller import Controller
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     store = _store(plan.advertise)

@@ -7,7 +7,7 @@ UUID where torch reports one):
     XPU): dlop hands that backend the calls on the device's tensors;
   - every rank on one and the same device (which NCCL refuses), compared at
     the group's first all-reduce on a device: all-reduces reduce in that
-    device's memory (python/dlop/_shared_device.py); the other calls, and
+    device's memory (python/dlop/c10d/shared_device.py); the other calls, and
     every call where the memory cannot be shared, are staged;
   - otherwise dlop stages them through pinned host memory.
 The choice is logged at info level (DLOP_LOG_LEVEL=info). ``staged``: always
@@ -99,7 +99,7 @@ def _sharer(namespace: str, store, rank: int, size: int, required: bool):
     def share(device_name: str):
         import torch
 
-        from dlop import _shared_device
+        from dlop.c10d import shared_device
 
         device = torch.device(device_name)
         asked[0] += 1
@@ -110,7 +110,7 @@ def _sharer(namespace: str, store, rank: int, size: int, required: bool):
             why = f"the ranks use different devices ({', '.join(sorted(set(devices)))})"
         else:
             level = "warn"
-            answer = _shared_device.exchange(store, key, rank, size, device)
+            answer = shared_device.exchange(store, key, rank, size, device)
             if not isinstance(answer, str):
                 _log(namespace, "info", f"ranks share {device}: all-reduces reduce in its memory, other calls are staged")
                 return answer

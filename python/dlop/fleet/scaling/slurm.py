@@ -16,7 +16,7 @@ which it takes as a second one that cuts the drain short; and SIGKILL
 follows after KillWait. Plain ``scancel`` is kept for pending jobs and for a
 job still running ``stop_timeout`` seconds after its SIGTERM.
 
-The floor is a het job's fixed group of offloaders (dlop._slurm): counted,
+The floor is a het job's fixed group of offloaders (dlop.fleet.slurm): counted,
 never submitted or cancelled here.
 """
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dlop.scaling.actuator import Actuator, ActuatorError
+from dlop.fleet.scaling.actuator import Actuator, ActuatorError
 
 # squeue's final states. COMPLETING is none: the job's processes are ending, its final state is not known yet.
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",

@@ -4,14 +4,14 @@
 Starts ``dlop-offloader`` (``$DLOP_OFFLOADER``, else the one next to this
 Python, else on PATH) with the remaining arguments, waits until it listens,
 and announces the address trainers can reach it at in the training job's
-c10d store (``dlop.data.discovery``), where ``dlop run --discover`` finds
+c10d store (``dlop.fleet.discovery``), where ``dlop run --discover`` finds
 it, also mid-epoch. SIGINT/SIGTERM/SIGHUP go to the daemon; when it exits its
 announcement is withdrawn and this command exits with its status.
 
 The store is the job's TCPStore: under torchrun, MASTER_ADDR:MASTER_PORT.
 
 In a SLURM job, without --store, the daemon listens where that job's
-`dlop run` looks (dlop._slurm.het_offloaders: every interface, on the port
+`dlop run` looks (dlop.slurm.het_offloaders: every interface, on the port
 derived from the job id, plus SLURM_LOCALID), with the job's token
 (DLOP_OFFLOAD_TOKEN_FILE) and a compute thread per CPU of its task, and
 prints the node it runs on.
@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from dlop.data import discovery
+from dlop.fleet import discovery
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -97,11 +97,11 @@ def _given(rest: list[str], option: str) -> bool:
 
 def _slurm_daemon_args(listen_host: str, rest: list[str], env) -> tuple[str, list[str], str]:
     """(--listen, the other daemon arguments, a line saying where it runs) for het group 1 of a SLURM job."""
-    from dlop import _slurm
+    from dlop.fleet import slurm
 
     try:
-        port = _slurm.offloader_port(env) + int(env.get("SLURM_LOCALID") or 0)
-        tasks_here = _slurm.tasks_on_this_node(env)
+        port = slurm.offloader_port(env) + int(env.get("SLURM_LOCALID") or 0)
+        tasks_here = slurm.tasks_on_this_node(env)
     except ValueError as e:
         raise SystemExit(f"dlop offloader: {e}") from None
     extra = []

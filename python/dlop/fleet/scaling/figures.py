@@ -11,7 +11,7 @@ Key layout (one place defines it):
 Each rank overwrites its own key every ``interval`` seconds
 (:class:`Publisher`); the controller reads them all each window
 (:func:`read`) and makes each rank's window from two readings
-(dlop.data.autoscale.RankWindow.from_stats). A rank that stops publishing
+(dlop.data.policy.RankWindow.from_stats). A rank that stops publishing
 simply stops counting: nobody waits on a key.
 """
 
@@ -29,7 +29,7 @@ PREFIX = "dlop/autoscale/"
 WORLD = PREFIX + "world"
 DECISION = PREFIX + "decision"
 
-_log = logging.getLogger("dlop.scaling")
+_log = logging.getLogger("dlop.fleet.scaling")
 
 
 def figures_key(rank: int) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 PREFIX = "dlop/offloaders/"
 COUNT = PREFIX + "count"
 
-_log = logging.getLogger("dlop.data.discovery")
+_log = logging.getLogger("dlop.fleet.discovery")
 
 
 def _entry(index: int) -> str:
@@ -39,7 +39,7 @@ def announce(store: Any, address: str) -> int:
     """Publishes `address` ("host:port"); returns its index (for :func:`withdraw`)."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"dlop.data.discovery.announce: address {address!r} is not host:port")
+        raise ValueError(f"dlop.fleet.discovery.announce: address {address!r} is not host:port")
     index = int(store.add(COUNT, 1))
     store.set(_entry(index), address)
     return index

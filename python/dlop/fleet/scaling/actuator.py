@@ -1,7 +1,7 @@
 """What the autoscaling controller asks of a scheduler: an :class:`Actuator`.
 
 An actuator owns the offloaders it starts, and nothing else: the controller
-(dlop.scaling.controller) decides the fleet's size from the trainers'
+(dlop.fleet.scaling.controller) decides the fleet's size from the trainers'
 figures and calls :meth:`Actuator.scale`; the actuator starts or stops
 offloaders toward it through its scheduler (local processes, SLURM jobs, a
 Kubernetes Deployment). New offloaders join the trainers through discovery

@@ -1,7 +1,7 @@
 """The local actuator: dlop-offloader daemons on this host, started and stopped by
 ``dlop run --offloaders auto`` within the cores its command leaves spare.
 
-Each daemon is started as dlop.local_offloaders starts them (its own process
+Each daemon is started as dlop.fleet.local starts them (its own process
 group, gone when this process goes, the run's token) and announced in the
 fleet's store, where the trainers' discovery finds it. To shrink, the newest
 daemon is withdrawn from the store first (so that no trainer newly joins it)
@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dlop.data import discovery
-from dlop.local_offloaders import daemon_address, start_daemon
-from dlop.scaling.actuator import Actuator, ActuatorError
+from dlop.fleet import discovery
+from dlop.fleet.local import daemon_address, start_daemon
+from dlop.fleet.scaling.actuator import Actuator, ActuatorError
 
 
 class _Daemon:

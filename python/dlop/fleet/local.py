@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlop.offloader_launcher import daemon_path, die_with_parent
+from dlop.fleet.launcher import daemon_path, die_with_parent
 
 
 
@@ -65,10 +65,10 @@ def default_count(command: list[str], env=os.environ) -> int:
     share the node's CPUs of the job (SLURM_CPUS_ON_NODE) out between them."""
     cores, tasks = len(os.sched_getaffinity(0)), 1
     if "SLURM_STEP_ID" in env:
-        from dlop import _slurm
+        from dlop.fleet import slurm
 
         try:
-            tasks = _slurm.tasks_on_this_node(env)
+            tasks = slurm.tasks_on_this_node(env)
         except ValueError as e:
             raise SystemExit(f"dlop run: {e}") from None
         cpus = env.get("SLURM_CPUS_ON_NODE") or ""

@@ -1,14 +1,14 @@
 """The one decision for the job: every window, the trainers' figures from the fleet's
-store, dlop.data.autoscale's policy, and an actuator to carry the target out.
+store, the policy in dlop.fleet.scaling.policy, and an actuator to carry the target out.
 
 The controller runs in one process of the job (``dlop run --offloaders auto``
 runs it beside rank 0) and needs only the store and its actuator. Each window
 it:
 
-1. reads every rank's latest figures (dlop.scaling.figures) and makes each
+1. reads every rank's latest figures (dlop.fleet.scaling.figures) and makes each
    rank's window from the reading before (a rank with no new steps counts as
    a rank without steps);
-2. asks :func:`dlop.data.autoscale.decide` for the target. Until the fleet
+2. asks :func:`dlop.data.policy.decide` for the target. Until the fleet
    has been the target's size for a busy window (BUSY_WINDOW_SECONDS, plus
    the figures' delay), the offloaders' busy fractions are withheld from it:
    they still cover the fleet before, when new daemons were starting or the
@@ -37,12 +37,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dlop.data import autoscale
+from dlop.fleet.scaling import policy
 from dlop.data.metrics import LoaderStats
-from dlop.scaling import figures
-from dlop.scaling.actuator import Actuator, ActuatorError
+from dlop.fleet.scaling import figures
+from dlop.fleet.scaling.actuator import Actuator, ActuatorError
 
-_log = logging.getLogger("dlop.scaling")
+_log = logging.getLogger("dlop.fleet.scaling")
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,12 @@ class Controller:
     """Decides the fleet's size every ``window`` seconds. :meth:`tick` runs one window (tests
     call it directly); :meth:`start` runs it from a thread until :meth:`stop`."""
 
-    def __init__(self, store: Any, actuator: Actuator, settings: autoscale.Settings | None = None,
+    def __init__(self, store: Any, actuator: Actuator, settings: policy.Settings | None = None,
                  window: float = 2.0, say: Callable[[str], None] | None = None) -> None:
         if window <= 0:
             raise ValueError(f"--window must be above 0 seconds (got {window!r})")
         self.store, self.actuator = store, actuator
-        settings = settings or autoscale.Settings()
+        settings = settings or policy.Settings()
         if actuator.capacity is not None and actuator.capacity < settings.max:
             if actuator.capacity < settings.min:
                 raise ValueError(f"--min {settings.min}: {actuator.name} has room for {actuator.capacity} "
@@ -77,7 +77,7 @@ class Controller:
         self.window = float(window)
         self.say = say or (lambda line: _log.warning("%s", line))
         s = self.settings
-        self.state = autoscale.State(target=min(s.max, max(s.min, actuator.size())))
+        self.state = policy.State(target=min(s.max, max(s.min, actuator.size())))
         self.decisions: list[Decision] = []
         from dlop._C import offload
 
@@ -89,15 +89,15 @@ class Controller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _windows(self) -> list[autoscale.RankWindow]:
+    def _windows(self) -> list[policy.RankWindow]:
         now = figures.read(self.store)
         out = []
         for rank, after in sorted(now.items()):
             before = self._before.get(rank)
             if before is not None and after.steps > before.steps and after.offloaded:
-                out.append(autoscale.RankWindow.from_stats(before, after))
+                out.append(policy.RankWindow.from_stats(before, after))
             else:  # its first reading, no step since, or a rank making batches itself: no window
-                out.append(autoscale.RankWindow(rank=rank, step=after.steps, steps=0, step_seconds=0.0,
+                out.append(policy.RankWindow(rank=rank, step=after.steps, steps=0, step_seconds=0.0,
                                                 stall_seconds=0.0, live=after.offloaders_live))
             self._before[rank] = after
         return out
@@ -118,7 +118,7 @@ class Controller:
 
     def tick(self) -> Decision:
         windows = self._windows()
-        job = autoscale.aggregate(windows)
+        job = policy.aggregate(windows)
         self._step = max(self._step, job.step)
         for problem in self.actuator.check():
             size = self.actuator.size()
@@ -130,7 +130,7 @@ class Controller:
             self._changed = time.monotonic()  # not the target's size yet: joining or draining
         if time.monotonic() - self._changed < self._settle_seconds:
             job = dataclasses.replace(job, busy={address: None for address in job.busy})
-        self.state, target, why = autoscale.decide(self.settings, self.state, job)
+        self.state, target, why = policy.decide(self.settings, self.state, job)
         size, why, acted = self._act(target, self._step, why)
         if target != before or acted:
             self._changed = time.monotonic()

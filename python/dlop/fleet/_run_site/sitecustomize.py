@@ -7,7 +7,7 @@ iterated, so it imports neither torch nor dlop: it chain-loads the
 ``sitecustomize`` it shadows, then waits, through an import hook, for
 ``torch.utils.data.dataloader`` to be imported, and only then replaces
 ``DataLoader.__iter__`` with a stub that hands each iteration to
-``dlop.run_loaders.iterate`` (imported then, once torch is fully loaded).
+``dlop.data.run_loaders.iterate`` (imported then, once torch is fully loaded).
 """
 
 import os
@@ -44,7 +44,7 @@ def _patch(module) -> None:
         if get_worker_info() is not None:
             return original(self)
         try:
-            import dlop.run_loaders  # torch is fully imported by now
+            import dlop.data.run_loaders  # torch is fully imported by now
         except ImportError as e:  # a Python without dlop: train as if dlop run were not there
             if not getattr(cls, "_dlop_import_warned", False):
                 cls._dlop_import_warned = True
@@ -53,7 +53,7 @@ def _patch(module) -> None:
                 warnings.warn(f"dlop run: DataLoaders are not offloaded: this Python cannot import dlop ({e})",
                               RuntimeWarning, stacklevel=2)
             return original(self)
-        return dlop.run_loaders.iterate(self, original)
+        return dlop.data.run_loaders.iterate(self, original)
 
     __iter__.__doc__ = original.__doc__
     cls._dlop_original_iter = original

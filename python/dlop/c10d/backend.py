@@ -23,7 +23,7 @@ def _create_backend(dist_options, _backend_options):
         list(dist_options.global_ranks_in_group),
         str(dist_options.group_id),
     )
-    from dlop._device_backend import attach_device_backend
+    from dlop.c10d.device import attach_device_backend
 
     attach_device_backend(pg, dist_options)
     return pg
@@ -82,7 +82,7 @@ def register_backend() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     # Accelerator tensors are staged through pinned host memory or delegated
-    # to the device's own backend (dlop._device_backend).
+    # to the device's own backend (dlop.c10d.device).
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=_device_types())
     _allow_monitored_barrier()
 
@@ -151,18 +151,18 @@ def _launcher_rank_size() -> tuple[int, int, int, str] | None:
 
 def _slurm_rendezvous(env) -> None:
     """MASTER_ADDR (the step's first node) and MASTER_PORT (from the job id) under srun, where not set."""
-    from dlop import _slurm
+    from dlop.fleet import slurm
 
     try:
         if "MASTER_ADDR" not in env:
-            addr = _slurm.master_addr(env)
+            addr = slurm.master_addr(env)
             if addr is None and int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1"))) > 1:
                 raise ValueError("dlop.init: a job on several nodes, and neither MASTER_ADDR nor "
                                  "SLURM_STEP_NODELIST/SLURM_JOB_NODELIST names the first one")
             if addr is not None:
                 env["MASTER_ADDR"] = addr
         if "MASTER_PORT" not in env:
-            port = _slurm.master_port(env)
+            port = slurm.master_port(env)
             if port is not None:
                 env["MASTER_PORT"] = port
     except ValueError as e:

@@ -9,7 +9,7 @@
 
 In a SLURM heterogeneous job whose het group 1 runs `dlop offloader`, and
 given none of the flags that name offloaders, `dlop run` uses those
-offloaders (dlop._slurm.het_offloaders: group 1's nodes, a port derived from
+offloaders (dlop.slurm.het_offloaders: group 1's nodes, a port derived from
 the job id) with the job's token (DLOP_OFFLOAD_TOKEN_FILE, which the batch
 script makes: see `dlop slurm-template`), waiting up to --wait seconds
 (default 120 there) for the first to answer; the others join as they do.
@@ -23,7 +23,7 @@ With none of those and without --discover, `dlop run` starts dlop-offloader
 daemons on this host (one per core the command's ranks leave spare, at least
 one; --local-offloaders N to choose) with a fresh token, runs the command as
 its child (forwarding SIGINT, SIGTERM and SIGHUP to it, those not ignored on entry), stops the daemons
-when it exits and exits with its status; see dlop.local_offloaders for how
+when it exits and exits with its status; see dlop.fleet.local for how
 they also go when `dlop run` is killed. It prints their addresses and token
 file (for `dlop offloader-stats`); --offloader-threads N,
 --offloader-metrics-port PORT (Prometheus, PORT + k for daemon k) and
@@ -31,9 +31,9 @@ file (for `dlop offloader-stats`); --offloader-threads N,
 process (exec: signals and the exit status are the command's).
 
 ``--offloaders auto`` sizes the fleet from the trainers' data stall
-(dlop.scaling): `dlop run` hosts a c10d store for the fleet, every rank
+(dlop.fleet.scaling): `dlop run` hosts a c10d store for the fleet, every rank
 publishes its loader's figures there, and a controller in `dlop run` decides
-the fleet's size every --window seconds (dlop.data.autoscale's policy, its
+the fleet's size every --window seconds (the policy in dlop.fleet.scaling.policy, its
 options --min, --max, --stall-target, --busy-threshold, --headroom,
 --hysteresis, --cooldown-steps) and has the scaler carry it out: ``local``
 starts and stops daemons on this host within --cores (default: the cores the
@@ -43,11 +43,11 @@ command's ranks leave spare), ``slurm`` submits offloader jobs with sbatch
 slurm) or --offloaders-dns (kubernetes). The default scaler is slurm inside a
 SLURM job, kubernetes inside a pod, local elsewhere.
 
-dlop's ``sitecustomize`` (python/dlop/_run_site) goes first on
+dlop's ``sitecustomize`` (python/dlop/fleet/_run_site) goes first on
 PYTHONPATH, so every Python the command starts, torchrun's ranks included,
 loads it; it patches ``torch.utils.data.DataLoader.__iter__`` once torch's
 data module is imported, and costs nothing elsewhere. Iterating a DataLoader
-then runs ``dlop.data.offload(loader)`` once for that loader (dlop.run_loaders)
+then runs ``dlop.data.offload(loader)`` once for that loader (dlop.data.run_loaders)
 and yields its batches: the same dataset, transforms and batch size, made by
 the offloaders in dlop's seeded order (sharded across the job's ranks like a
 DistributedSampler, whose ``set_epoch`` keeps working). A loader that cannot
@@ -58,7 +58,7 @@ process that iterated a DataLoader prints one line at exit counting the
 batches the offloaders made, those made locally and those torch made.
 
 ``--discover`` takes the offloaders announced in the job's c10d store (see
-``dlop.data.discovery`` and ``dlop offloader --store``), also those that join
+``dlop.fleet.discovery`` and ``dlop offloader --store``), also those that join
 later: the default process group's store, so the script must have called
 ``init_process_group`` before iterating; ``--store HOST:PORT`` names a store
 instead. Settings travel by environment: DLOP_RUN_OFFLOADERS, DLOP_RUN_DNS,
@@ -92,14 +92,14 @@ def _check_address(text: str, what: str) -> str:
 
 
 def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str], Any]:
-    """(command, its environment, the local offloaders to start (dlop.local_offloaders.LocalDaemons),
-    or with --offloaders auto a dlop.scaling.launch.Plan, or None) for `dlop run ARGV`.
+    """(command, its environment, the local offloaders to start (dlop.fleet.local.LocalDaemons),
+    or with --offloaders auto a dlop.fleet.scaling.launch.Plan, or None) for `dlop run ARGV`.
 
     With local offloaders or a plan the environment lacks DLOP_RUN_OFFLOADERS
     and the token, which :func:`main` adds once the daemons listen."""
-    from dlop import _slurm
-    from dlop.data import autoscale
-    from dlop.fleet import split_host_port
+    from dlop.fleet import slurm
+    from dlop.fleet.scaling import policy
+    from dlop.fleet.dns import split_host_port
 
     own, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
     p = argparse.ArgumentParser(prog="dlop run", usage="dlop run [--local-offloaders N | --offloaders HOST:PORT[,...] "
@@ -144,7 +144,7 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     scaling.add_argument("--deployment", help="kubernetes: the offloaders' Deployment, NAMESPACE/NAME")
     scaling.add_argument("--advertise", help="the host the trainers and offloaders reach the fleet's store at "
                                              "(default: 127.0.0.1, or this host's name for slurm)")
-    autoscale.add_arguments(scaling)
+    policy.add_arguments(scaling)
     args, stray = p.parse_known_args(own)
     if command is None and stray:
         p.error(f"unrecognized arguments: {' '.join(stray)}; the command goes after --: "
@@ -175,26 +175,26 @@ def environment(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
     if auto:
         _refuse_daemon_options(p, args)
-        from dlop.scaling import launch
+        from dlop.fleet.scaling import launch
 
         if "SLURM_STEP_ID" in env:
-            env.update(_slurm.torch_env(env))
+            env.update(slurm.torch_env(env))
         return command, env, launch.plan(p, args, env)
     try:
         if "SLURM_STEP_ID" in env:  # under srun: torchrun's variables, as dlop.init() maps them
-            env.update(_slurm.torch_env(env))
+            env.update(slurm.torch_env(env))
         het = None
         if not (addresses or names or args.discover or args.local_offloaders is not None):
-            het = _slurm.het_offloaders(env)
+            het = slurm.het_offloaders(env)
     except ValueError as e:
         raise SystemExit(f"dlop run: {e}") from None
     wait = args.wait
     if het:
         addresses, wait = het, 120.0 if wait is None else wait
         print(f"dlop run on {socket.gethostname()}: SLURM job {env.get('SLURM_JOB_ID')}: the offloaders of het group "
-              f"{_slurm.OFFLOADER_GROUP}: {', '.join(het)}", file=sys.stderr, flush=True)
+              f"{slurm.OFFLOADER_GROUP}: {', '.join(het)}", file=sys.stderr, flush=True)
     if not addresses and not names and not args.discover:
-        from dlop.local_offloaders import default_count
+        from dlop.fleet.local import default_count
 
         if args.token_file:
             p.error("--token-file is for daemons started elsewhere: the local ones get a fresh token")
@@ -240,7 +240,7 @@ def _refuse_daemon_options(p: argparse.ArgumentParser, args: argparse.Namespace)
 
 
 def _local_daemons(p: argparse.ArgumentParser, args: argparse.Namespace, count: int):
-    from dlop.local_offloaders import LocalDaemons
+    from dlop.fleet.local import LocalDaemons
 
     threads = 1 if args.offloader_threads is None else args.offloader_threads
     if threads < 1:
@@ -253,7 +253,7 @@ def _local_daemons(p: argparse.ArgumentParser, args: argparse.Namespace, count: 
 
 
 def _run_with_local_offloaders(command: list[str], env: dict[str, str], plan) -> int:
-    from dlop.local_offloaders import LocalOffloaders, run_command
+    from dlop.fleet.local import LocalOffloaders, run_command
 
     with LocalOffloaders(plan) as daemons:
         print(daemons.describe(), file=sys.stderr, flush=True)
@@ -267,12 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     command, env, local = environment(sys.argv[1:] if argv is None else argv, dict(os.environ))
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise SystemExit(f"dlop run: command not found: {command[0]}")
-    from dlop.local_offloaders import LocalDaemons
+    from dlop.fleet.local import LocalDaemons
 
     if isinstance(local, LocalDaemons):
         return _run_with_local_offloaders(command, env, local)
     if local is not None:
-        from dlop.scaling import launch
+        from dlop.fleet.scaling import launch
 
         return launch.run(command, env, local)
     sys.stdout.flush()

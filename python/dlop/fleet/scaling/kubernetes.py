@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dlop.scaling.actuator import Actuator, ActuatorError
+from dlop.fleet.scaling.actuator import Actuator, ActuatorError
 
 #: Where the kubelet mounts a pod's ServiceAccount credentials.
 ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

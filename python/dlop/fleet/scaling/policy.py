@@ -3,7 +3,7 @@
 Every rank reports a :class:`RankWindow` per decision window (its mean step
 and stall, the batches per second it got from each offloader, their busy
 fractions where known, the offloaders it still uses).
-:mod:`dlop.scaling.figures` carries them over the fleet's c10d store to
+:mod:`dlop.fleet.scaling.figures` carries them over the fleet's c10d store to
 the controller, :func:`aggregate` makes one :class:`JobWindow` of them, and :func:`decide`
 turns it into one target fleet size for the job. An actuator (local
 processes, SLURM jobs, a Kubernetes Deployment) starts or stops offloaders

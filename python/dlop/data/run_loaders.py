@@ -1,17 +1,17 @@
 """`dlop run`, in the training processes: each DataLoader iteration offloaded.
 
-dlop run's ``sitecustomize`` (python/dlop/_run_site) hands every iteration of
+dlop run's ``sitecustomize`` (python/dlop/fleet/_run_site) hands every iteration of
 a ``torch.utils.data.DataLoader`` to :func:`iterate`, which runs
 ``dlop.data.offload(loader)`` once for that loader and yields its batches,
 or the loader's own when it cannot be offloaded (one warning naming why).
-The offloaders come from the settings the launcher (dlop.run) left in the
+The offloaders come from the settings the launcher (dlop.fleet.run) left in the
 environment: DLOP_RUN_OFFLOADERS, the names in DLOP_RUN_DNS (dlop.fleet),
 DLOP_RUN_WAIT, and the job's c10d store with DLOP_RUN_DISCOVER
-(dlop.data.discovery; DLOP_RUN_DISCOVER_WAIT: seconds to wait for the first
+(dlop.fleet.discovery; DLOP_RUN_DISCOVER_WAIT: seconds to wait for the first
 announcement). Offloaders that answer or are announced later join the
 running loaders between batches. With DLOP_RUN_AUTOSCALE (the fleet's store,
 ``dlop run --offloaders auto``) each process publishes the figures of its
-busiest offloaded loader there (dlop.scaling.figures). With DLOP_RUN_STRICT
+busiest offloaded loader there (dlop.fleet.scaling.figures). With DLOP_RUN_STRICT
 (``dlop run --strict``) a DataLoader that would run as torch's raises instead,
 and so does a loader whose offloaders are all lost mid-epoch.
 """
@@ -55,7 +55,7 @@ def _discovery_store():
     global _store
     if _store is not None:
         return _store, None
-    from dlop.data import discovery
+    from dlop.fleet import discovery
 
     where = os.environ.get("DLOP_RUN_STORE")
     if where:
@@ -93,14 +93,14 @@ def _fleet(addresses: list[str]) -> tuple[list[str], str]:
     """Of the given addresses and those behind DLOP_RUN_DNS's names, the ones that answer (waiting up
     to DLOP_RUN_WAIT seconds for the first), and why none does; the others join when they answer."""
     global _fleet_watched
-    from dlop import fleet
+    from dlop.fleet import dns
 
     names = [n for n in os.environ.get("DLOP_RUN_DNS", "").split(",") if n]
-    candidates = fleet.Candidates(addresses, names)
-    ready, why = fleet.wait_for_any(candidates, float(os.environ.get("DLOP_RUN_WAIT") or 0))
+    candidates = dns.Candidates(addresses, names)
+    ready, why = dns.wait_for_any(candidates, float(os.environ.get("DLOP_RUN_WAIT") or 0))
     if not _fleet_watched:
         _fleet_watched = True
-        _watchers.append(fleet.Watcher(candidates, _report_join, seen=ready, interval=_interval()))
+        _watchers.append(dns.Watcher(candidates, _report_join, seen=ready, interval=_interval()))
     return ready, why
 
 
@@ -193,7 +193,7 @@ def _start_publishing(rank: int, world: int) -> None:
     if _publishing:
         return
     _publishing = True
-    from dlop.scaling.figures import Publisher
+    from dlop.fleet.scaling.figures import Publisher
 
     where = os.environ["DLOP_RUN_AUTOSCALE"]
     try:
@@ -263,7 +263,7 @@ def _announced(store) -> list[str]:
     """The offloaders announced in the store, waiting up to DLOP_RUN_DISCOVER_WAIT seconds for the first."""
     import time
 
-    from dlop.data import discovery
+    from dlop.fleet import discovery
 
     deadline = time.monotonic() + float(os.environ.get("DLOP_RUN_DISCOVER_WAIT") or 0)
     while not (found := discovery.discover(store)) and time.monotonic() < deadline:
@@ -272,7 +272,7 @@ def _announced(store) -> list[str]:
 
 
 def _prepare(loader):
-    from dlop.data import discovery
+    from dlop.fleet import discovery
     from dlop.data.wrap import offload
 
     addresses = [a for a in os.environ.get("DLOP_RUN_OFFLOADERS", "").split(",") if a]

@@ -45,8 +45,9 @@ export VENV
 
 .DEFAULT_GOAL := help
 .NOTPARALLEL:
-.PHONY: help deps system venv configure build demo test test-cpp test-python check-bench gpu-carry \
-  test-asan test-tsan test-tsan-engine sanitize check clean distclean
+.PHONY: help deps system venv configure build demo test test-cpp test-python test-python-parallel \
+  test-python-alone test-under-load check-bench gpu-carry test-asan test-tsan test-tsan-engine sanitize check \
+  clean distclean
 
 help:
 	@echo 'dlop: make TARGET   (each target installs what is missing first)'
@@ -55,6 +56,7 @@ help:
 	@echo '  test         set-up, build, then the C++ suites (ctest) and the Python suites (pytest); prints each stage'"'"'s time'
 	@echo '  check-bench  the benchmark lab'"'"'s smoke tests (tests/bench: bench/ run at tiny sizes; CI runs it after test)'
 	@echo '  sanitize     the C++ suites under ASan+UBSan, the engine under TSan (CI runs it after check-bench)'
+	@echo '  test-under-load  test'"'"'s C++ and Python suites beside $(BUSY) busy processes (run it before a change to timing)'
 	@echo '  gpu-carry    make here what a lent GPU machine lacks (.gpu_deps, .gpu_data), check it fits, print the carry list'
 	@echo '  check        the quick loop: incremental build, then the tests of the layers touched since HEAD'
 	@echo '               (T=scheduler: a layer; T=tests/python/x.py or T="-R Regex": pytest or ctest arguments)'
@@ -69,6 +71,7 @@ help:
 	@echo '  distclean    clean, and remove $(VENV) and .stamps/'
 	@echo
 	@echo 'Variables: VENV=$(VENV) PYTHON=$(PYTHON) BUILD=$(BUILD) BUILD_TYPE=$(BUILD_TYPE) JOBS=$(JOBS) CMAKE_ARGS=$(CMAKE_ARGS)'
+	@echo '  PYTHON_TESTS=$(PYTHON_TESTS) CTEST_ARGS=$(CTEST_ARGS) (a part of the suites, e.g. CTEST_ARGS="-R Config")'
 
 # ---- set-up ------------------------------------------------------------------
 
@@ -124,8 +127,12 @@ T ?=
 check: build
 	@scripts/check.sh $(T)
 
+# A part of the suites: CTEST_ARGS="-R Regex" for test-cpp, PYTHON_TESTS="tests/python/x.py" for test-python.
+CTEST_ARGS   ?=
+PYTHON_TESTS ?= tests/python
+
 test-cpp: build
-	$(CTEST_RUN) $(BUILD)
+	$(CTEST_RUN) $(BUILD) $(CTEST_ARGS)
 
 # With tests/python present, pytest collecting no test (exit 5) is a failure.
 # tests/python tests the product (python/dlop and the C++ under it); the
@@ -135,12 +142,24 @@ test-cpp: build
 # stay on one worker, which starts the file's servers and ranks once.
 # --durations: the slowest 30 tests, so where the suite's time goes is in every log.
 PYTEST_ARGS ?= -n $(JOBS) --dist loadfile --durations=30
-# Tests marked "alone" measure time or count machine-wide state: they run afterwards, one at a time.
-test-python: build
-	@if [ -d tests/python ]; then \
-	  echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/python && \
-	  { echo "$(PYTEST) -m alone tests/python"; $(PYTEST) -m alone tests/python; }; \
-	else echo "test-python: no tests/python, nothing to run"; fi
+# Tests marked "alone" measure time or count machine-wide state: they run afterwards, one at a time, and
+# one that fails runs once more, which the log's end names (tests/conftest.py).
+test-python: test-python-parallel test-python-alone
+
+test-python-parallel: build
+	$(PYTEST) $(PYTEST_ARGS) -m 'not alone' $(PYTHON_TESTS)
+
+# Exit 5: the selection holds no alone test.
+test-python-alone: build
+	@echo "$(PYTEST) -m alone $(PYTHON_TESTS)"; $(PYTEST) -m alone $(PYTHON_TESTS); rc=$$?; [ $$rc -eq 5 ] || exit $$rc
+
+# test's C++ and parallel Python suites beside BUSY busy processes at normal priority (four: two a core on
+# CI's two cores, a load average of 6 with the suite's own two), started and always killed by
+# scripts/under_load.sh; then the alone tests, which need the machine to themselves, once the load is gone.
+BUSY ?= 4
+test-under-load: build
+	@scripts/under_load.sh $(BUSY) "$(MAKE) --no-print-directory test-cpp test-python-parallel" \
+	  "$(MAKE) --no-print-directory test-python-alone"
 
 # The benchmark lab (bench/, python -m bench.NAME) at tiny sizes: its harnesses run end to end and write what
 # their reports read. Not part of test: the product's tests stay lean; CI runs both.

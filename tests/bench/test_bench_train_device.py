@@ -41,7 +41,7 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.alone  # compares rows' rates: another test's load during one row would skew them
+@pytest.mark.alone(reason="it compares rows' rates: another test's load during one row would skew them")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core for the trainer and one for offloaders")
 def test_image_headline_on_the_test_device(tmp_path):
     from dlop.data.make_dataset import main as make_dataset

@@ -362,15 +362,14 @@ def rank_big_async_returns_at_once(ctx) -> dict:
     import torch.distributed as dist
 
     # Large enough that the all-reduce itself (about 20 ms at 32 MiB here
-    # now) dwarfs a descheduled issue on a loaded 2-core machine.
+    # now) outlasts a descheduled caller on a loaded 2-core machine.
     x = torch.ones((128 << 20) // 4)
     dist.barrier()
-    t = time.monotonic()
     work = dist.all_reduce(x, async_op=True)
-    issue_s = time.monotonic() - t
+    done_at_return = work.is_completed()
     work.wait()
-    total_s = time.monotonic() - t
-    return dict(issue_s=issue_s, total_s=total_s, ok=bool(x[0] == ctx.world_size and x[-1] == ctx.world_size))
+    return dict(done_at_return=done_at_return,
+                ok=bool(x[0] == ctx.world_size and x[-1] == ctx.world_size))
 
 
 def rank_wait_timeout(ctx, op: str) -> dict:
@@ -510,7 +509,7 @@ def test_async_call_on_128mib_returns_before_the_op_is_done(cluster):
     _need(cluster, 2)
     for r in cluster.run(rank_big_async_returns_at_once):
         assert r["ok"], r
-        assert r["issue_s"] < 0.1 and r["issue_s"] < r["total_s"] / 4, r
+        assert not r["done_at_return"], r
 
 
 @pytest.mark.parametrize("op", ("all_reduce", "broadcast", "all_gather", "barrier", "recv"))

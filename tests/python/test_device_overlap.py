@@ -291,7 +291,7 @@ def _overlap(tmp_path, run: int, path: str = "staged") -> dict:
             "device_path": result["header"]["device_path"]}
 
 
-@pytest.mark.alone
+@pytest.mark.alone(reason="the step's excess over its compute is a time")
 @pytest.mark.timeout(600)
 def test_ddp_on_a_shared_device_adds_almost_nothing_to_the_step(tmp_path):
     # The same model as below, both ranks on one device. Reduced in device
@@ -307,7 +307,7 @@ def test_ddp_on_a_shared_device_adds_almost_nothing_to_the_step(tmp_path):
     assert best["step_ms"] - best["compute_ms"] <= 0.02 * best["compute_ms"], best
 
 
-@pytest.mark.alone
+@pytest.mark.alone(reason="the overlap of communication with the backward pass is a ratio of times")
 @pytest.mark.timeout(600)
 def test_ddp_hides_its_staged_communication_behind_the_backward_pass(tmp_path):
     # A loaded machine slows the device model's operators beyond their cost:

@@ -102,7 +102,7 @@ def plant_segment(name: str, pid: int, started: int) -> Path:
 
 # Alone: it counts what is new in /dev/shm, and a process another test SIGKILLs while UCX makes its
 # segment (between creating the file and unlinking it) leaves one there too.
-@pytest.mark.alone
+@pytest.mark.alone(reason="it counts what is new in /dev/shm, machine-wide")
 def test_killed_jobs_leave_nothing_and_their_port_serves_the_next_job(tmp_path):
     """Three jobs SIGKILLed whole (during init, during training, at a random time) on one port, then
     a job on that port. A planted segment of a dead creator is removed by the next dlop process, one

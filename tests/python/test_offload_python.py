@@ -379,7 +379,7 @@ def test_a_daemon_joins_without_stopping_the_training_loop(token_file, tmp_path)
         started = time.monotonic()
         loader.add_offloader(second.address, wait=False, joined=lambda a, e: said.append((a, e)))
         loader.add_offloader("127.0.0.1:1", wait=False, joined=lambda a, e: said.append((a, e)))
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10  # a wait would last until the gate opens below: never
         labels, it = [], iter(loader)
         labels += [int(i) for i in next(it)["label"]]
         wait_for(loading.exists, 60, "the joiner to load the job")

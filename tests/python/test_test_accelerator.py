@@ -54,10 +54,9 @@ def test_registration_and_device_module():
 def test_non_blocking_copy_from_pinned_memory_returns_before_the_data_arrives(late):
     src = values().pin_memory()
     dst = torch.zeros(N, device="dlop_test")
-    start = time.perf_counter()
+    start, waits = time.perf_counter(), acc.host_waits()
     dst.copy_(src, non_blocking=True)
-    assert time.perf_counter() - start < DELAY_S / 2
-    assert not acc.current_stream().query()
+    assert acc.host_waits() == waits  # returned without waiting for the copy (its time would race a busy host)
     acc.current_stream().synchronize()
     assert time.perf_counter() - start >= DELAY_S
     assert torch.equal(dst.cpu(), src)

@@ -5,10 +5,10 @@ processes of one launcher, as a GPU time-slices them); copies within a device
 cost device-memory bandwidth; pinned allocation waits for the device; event
 queries cost the host time, and event waits spin as a driver's do.
 
-Times are asserted as lower bounds, as orders of magnitude apart (a host that
-runs ahead returns in well under a tenth of the device's time), or against
-the model's arithmetic with modelled costs of hundreds of milliseconds, which
-a loaded machine's scheduling (a few milliseconds) cannot move much.
+Times are asserted as lower bounds, or against the model's arithmetic with
+modelled costs of hundreds of milliseconds, which a loaded machine's
+scheduling (a few milliseconds) cannot move much; that the host runs ahead is
+asserted by its waits (none), not by its time.
 """
 
 from __future__ import annotations
@@ -36,16 +36,14 @@ def idle_device():
     torch.accelerator.synchronize()
 
 
-def timed_on_device(fn) -> tuple[float, float]:
-    """(host seconds for fn, device milliseconds between events around it)."""
+def timed_on_device(fn) -> float:
+    """Device milliseconds between events around fn."""
     start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
     start.record()
-    t = time.perf_counter()
     fn()
-    host = time.perf_counter() - t
     end.record()
     end.synchronize()
-    return host, start.elapsed_time(end)
+    return start.elapsed_time(end)
 
 
 def test_operators_run_later_on_their_stream_and_the_host_runs_ahead():
@@ -55,15 +53,17 @@ def test_operators_run_later_on_their_stream_and_the_host_runs_ahead():
     out = {}
 
     def step():
+        waits = acc.host_waits()
         y = d @ d
         y.add_(1).relu_()
         out["sum"] = (y * 2).sum()
+        out["waits"] = acc.host_waits() - waits
 
     with acc.timing(op_us=OP_US):
-        host, device_ms = timed_on_device(step)
+        device_ms = timed_on_device(step)
     assert acc.compute_counts()[0] - queued_before == 5
     assert device_ms >= 5 * OP_US / 1e3 * 0.99
-    assert host < 5 * OP_S / 10
+    assert out["waits"] == 0  # the host queued all five and never waited for the device
     expected = ((x @ x + 1).relu() * 2).sum()
     assert torch.allclose(out["sum"].cpu(), expected, rtol=1e-5)
 
@@ -92,13 +92,13 @@ def test_convolution_and_matmul_cost_their_flops_at_the_configured_rate():
     flops = 2 * 256**3
     tflops = 0.005  # 6.7 ms for the product
     with acc.timing(tflops=tflops):
-        _, device_ms = timed_on_device(lambda: a @ a)
+        device_ms = timed_on_device(lambda: a @ a)
     assert device_ms >= flops / (tflops * 1e12) * 1e3 * 0.99
     x = torch.randn(2, 3, 16, 16, device="dlop_test")
     w = torch.randn(8, 3, 3, 3, device="dlop_test")
     conv_flops = 2 * (2 * 8 * 14 * 14) * (3 * 3 * 3)
     with acc.timing(tflops=conv_flops / 10e-3 / 1e12):  # 10 ms
-        _, device_ms = timed_on_device(lambda: torch.nn.functional.conv2d(x, w))
+        device_ms = timed_on_device(lambda: torch.nn.functional.conv2d(x, w))
     assert device_ms >= 9.9
 
 
@@ -116,13 +116,15 @@ def test_two_streams_take_turns_on_the_compute_engine():
 
 
 def test_copies_in_one_direction_take_turns_and_opposite_directions_overlap():
-    n = 1 << 20  # 4 MiB of float32: 20 ms at 0.2 GB/s
-    copy_s = 4 * n / 0.2e9
+    # 4 MiB of float32: 200 ms at 0.02 GB/s, so that a busy machine's late wake-ups (tens of ms) cannot
+    # close the gap between one copy's time (opposite directions) and two's (one direction).
+    n = 1 << 20
+    copy_s = 4 * n / 0.02e9
     src = torch.ones(n).pin_memory()
     dst = torch.empty(n).pin_memory()
     on_device = [torch.empty(n, device="dlop_test") for _ in range(2)]
     streams = [acc.Stream(), acc.Stream()]
-    with acc.timing(copy_gbps=0.2):
+    with acc.timing(copy_gbps=0.02):
         start = time.perf_counter()
         for s, d in zip(streams, on_device):
             with acc.stream(s):
@@ -150,7 +152,7 @@ def test_a_copy_within_a_device_costs_device_memory_bandwidth():
     for settings, rate in (({"mem_gbps": 0.5}, 0.5), ({"copy_gbps": 0.01, "mem_gbps": -1}, 0.9)):
         modelled_ms = 2 * n / (rate * 1e9) * 1e3
         with acc.timing(**settings):
-            _, device_ms = timed_on_device(lambda: dst.copy_(src))
+            device_ms = timed_on_device(lambda: dst.copy_(src))
         assert modelled_ms * 0.99 <= device_ms <= modelled_ms * 1.5 + 50, (settings, modelled_ms, device_ms)
     assert acc.settings()["mem_gbps"] == -1  # unset: follows the link
     assert torch.equal(dst.cpu(), torch.ones(n, dtype=torch.uint8))
@@ -158,7 +160,7 @@ def test_a_copy_within_a_device_costs_device_memory_bandwidth():
 
 # A yielding spin's share of a core is what the machine leaves it: beside the
 # parallel suite it read under 1% (a run at load 7), so it is measured alone.
-@pytest.mark.alone
+@pytest.mark.alone(reason="a yielding spin's share of a core is what the machine leaves it")
 def test_an_event_wait_spins_a_core_as_a_drivers_does():
     d = torch.ones(8, device="dlop_test")
     fractions = []

@@ -13,7 +13,7 @@
 #   is planned for) is skipped with a note, and each step runs under a timeout
 #   that ends it before then;
 # - at the end (also on an error or a signal) packs WORK into $OUT with
-#   bench/pack_results.py: README.md, summary.json, the plots and raw.tar.xz,
+#   bench/common/pack_results.py: README.md, summary.json, the plots and raw.tar.xz,
 #   and checks them against the limits above (pack_results.py --check-return).
 #
 #   gpu_begin BENCH OUT     OUT: the folder to fill (made; emptied first)
@@ -162,8 +162,8 @@ gpu_finish() {
     stage=$(mktemp -d "/tmp/gpu-$GPU_BENCH-pack-XXXX")
     cp -a "$WORK"/. "$stage"/
     if declare -F gpu_readme >/dev/null; then gpu_readme >"$stage/README.md"; fi
-    if "$PY" bench/pack_results.py "${drop[@]}" "$stage" >/dev/null &&
-        "$PY" bench/pack_results.py --check-return "$stage"; then
+    if "$PY" bench/common/pack_results.py "${drop[@]}" "$stage" >/dev/null &&
+        "$PY" bench/common/pack_results.py --check-return "$stage"; then
       packed=1; break
     fi
     rm -rf "$stage"

@@ -31,7 +31,7 @@ def order(rows: list[str]) -> list[str]:
 
 
 def merge(paths: list[str], skipped: dict[str, str]) -> tuple[dict, list[dict]]:
-    from bench import train_device_report as report
+    from bench.train import train_device_report as report
 
     header, rows, commands, absent, workers, skipped = None, [], {}, {}, {}, dict(skipped)
     for path in paths:
@@ -46,7 +46,7 @@ def merge(paths: list[str], skipped: dict[str, str]) -> tuple[dict, list[dict]]:
             commands[row["row"]] = doc["header"].get("command")
     if header is None:
         raise SystemExit("merge: no row ran")
-    from bench.train_device import ROWS
+    from bench.train.train_device import ROWS
 
     rows.sort(key=lambda r: ROWS.index(r["row"]) if r["row"] in ROWS else len(ROWS))  # bench.train's order
     header.update(absent=absent, row_commands=commands, skipped=skipped, ratios=report.ratios(rows),
@@ -64,14 +64,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["order"]:
         if len(argv) == 1:
-            from bench.train_device import ROWS
+            from bench.train.train_device import ROWS
 
             argv = ["order", *ROWS]
         print(" ".join(order(argv[1:])))
         return 0
     if argv[:1] == ["data"]:
-        from bench.train_device import parse_args
-        from bench.train_device_datasets import builtin
+        from bench.train.train_device import parse_args
+        from bench.train.train_device_datasets import builtin
 
         args = parse_args(argv[1:])
         print(args.data or builtin(args))
@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--skipped", action="append", default=[], metavar="ROW=WHY")
     p.add_argument("rows", nargs="*", metavar="ROW_JSON")
     args = p.parse_intermixed_args(argv)
-    from bench import _common, train_device_report as report
+    from bench.common import _common
+    from bench.train import train_device_report as report
 
     skipped = dict(s.split("=", 1) for s in args.skipped)
     header, rows = merge(args.rows, skipped)

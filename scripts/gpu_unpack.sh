@@ -46,6 +46,6 @@ dest=bench/results/$bench/$date-$rev
 mkdir -p "$dest"
 cp "$src"/* "$dest"/
 rm -f "$dest/partial.tar.xz"
-"$PY" bench/pack_results.py "$dest"
+"$PY" bench/common/pack_results.py "$dest"
 echo "unpacked into $dest: $(ls "$dest" | paste -sd ' ' -)"
 echo "next: write what the figures show into $dest/README.md, and the run into bench/results/README.md's table"

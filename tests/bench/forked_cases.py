@@ -1,4 +1,4 @@
-"""bench.forked: benchmark programs run in a forked copy of the test process, as `python -m` would run them.
+"""bench.common.forked: benchmark programs run in a forked copy of the test process, as `python -m` would run them.
 
 Run by test_bench_forked.py in a fresh interpreter: whether forking is safe depends on the threads a process holds,
 and tests that ran before in the same worker may have left some."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench import forked, netns
+from bench.common import forked, netns
 
 PROBE = """
 import os, sys
@@ -93,4 +93,4 @@ def test_a_child_on_a_namespace_host_sees_that_hosts_network(probe):
         assert _finish(child) == 0
     # Its /sys lists that host's devices, not this machine's (UCX picks its devices there).
     assert f"devices {sorted(['lo', hosts.device])}" in log.read_text()
-    assert sys.modules["bench.forked"] is forked
+    assert sys.modules["bench.common.forked"] is forked

@@ -13,7 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from bench.pack_results import RETURN_LIMITS, return_problems
+from bench.common.pack_results import RETURN_LIMITS, return_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("dlop._C")
 
-from bench import netns  # noqa: E402  (after the skips: it needs nothing, the run needs them)
+from bench.common import netns  # noqa: E402  (after the skips: it needs nothing, the run needs them)
 
 pytestmark = pytest.mark.long_file(seconds=75)  # handed out first (conftest.py)
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""bench/exchange_floor.c, the two-core floor of a small blocking all-reduce: it builds, runs briefly at
+"""bench/collectives/exchange_floor.c, the two-core floor of a small blocking all-reduce: it builds, runs briefly at
 both sizes the c10d results quote (8 B and 4 KiB), checks its own sums and prints one line per size."""
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parents[2] / "bench" / "exchange_floor.c"
+SOURCE = Path(__file__).resolve().parents[2] / "bench" / "collectives" / "exchange_floor.c"
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 

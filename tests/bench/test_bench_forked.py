@@ -1,4 +1,4 @@
-"""bench.forked's cases (forked_cases.py), run in a fresh interpreter: forking is refused in a process
+"""bench.common.forked's cases (forked_cases.py), run in a fresh interpreter: forking is refused in a process
 holding threads, which earlier tests in this worker may have left behind."""
 
 import subprocess

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from bench import linearity as runner
+from bench.linearity import linearity as runner
 from dlop.report import linearity_report as lr, linearity_terms as lt
 from linearity_tables import assert_tables_match_json
 
@@ -34,7 +34,7 @@ def test_bad_arguments_name_the_problem(tmp_path, capsys, args, words):
 
 
 def test_multihost_report_on_namespace_hosts(tmp_path):
-    from bench import netns
+    from bench.common import netns
 
     ok, why = netns.available()
     if not ok:

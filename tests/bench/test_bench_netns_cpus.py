@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bench import netns
+from bench.common import netns
 
 ok, why = netns.available()
 

@@ -19,7 +19,7 @@ pytest.importorskip("dlop._C")
 pytest.importorskip("webdataset")
 pytest.importorskip("boto3")
 
-from bench import netns  # noqa: E402
+from bench.common import netns  # noqa: E402
 
 import processes  # noqa: E402
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.c10d_ops import CASES
-from bench.ddp import pinned_cores
+from bench.collectives.c10d_ops import CASES
+from bench.ddp.ddp import pinned_cores
 
 pytestmark = pytest.mark.long_file(seconds=100)  # handed out first (conftest.py)
 ROOT = Path(__file__).resolve().parents[2]  # where `python -m bench.NAME` finds the benchmark lab

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("dlop._C")
 pytest.importorskip("matplotlib")
 
-from bench import train, train_report  # noqa: E402
+from bench.train import train, train_report  # noqa: E402
 
 pytestmark = pytest.mark.long_file(seconds=95)  # handed out first (conftest.py)
 
@@ -40,7 +40,7 @@ def _timed_labels_sha1(data: Path, config: str, world: int, batch: int, warmup: 
 
     from torch.utils.data import DistributedSampler
 
-    from bench.train_device_data import class_folder
+    from bench.train.train_device_data import class_folder
     from dlop import _C
 
     labels = [label for _, label in class_folder(str(data))]
@@ -147,7 +147,7 @@ def test_bench_train_refuses_a_bad_link(link, why, capsys):
 
 
 def test_bench_train_refuses_a_delay_without_netem(capsys):
-    from bench import netns
+    from bench.common import netns
 
     if not netns.available()[0]:
         pytest.skip(f"network namespaces: {netns.available()[1]}")

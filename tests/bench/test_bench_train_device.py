@@ -25,7 +25,7 @@ pytest.importorskip("dlop._C")
 pytest.importorskip("dlop.testing._accelerator")
 pytest.importorskip("matplotlib")
 
-from bench import train, train_device, train_device_report  # noqa: E402
+from bench.train import train, train_device, train_device_report  # noqa: E402
 
 pytestmark = pytest.mark.long_file(seconds=100)
 

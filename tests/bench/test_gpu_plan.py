@@ -19,7 +19,7 @@ pytest.importorskip("dlop._C")
 pytest.importorskip("dlop.testing._accelerator")
 pytest.importorskip("matplotlib")
 
-from bench import train_device  # noqa: E402
+from bench.train import train_device  # noqa: E402
 from gpu_rehearsal import returned, run_script  # noqa: E402
 
 pytestmark = pytest.mark.long_file(seconds=150)

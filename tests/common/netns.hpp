@@ -1,5 +1,5 @@
 // Several hosts on one machine for tests: network namespaces joined through a
-// bridge, as bench/netns.py makes them (same names and addresses,
+// bridge, as bench/common/netns.py makes them (same names and addresses,
 // no link shaping). Needs root; failed() says why they could not be made.
 #pragma once
 

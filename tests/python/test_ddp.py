@@ -46,7 +46,7 @@ def _batch(rank: int, step: int, micro: int = 0):
 
 
 def _hook_for(case: str, group):
-    from bench.ddp import make_hook
+    from bench.ddp.ddp import make_hook
 
     return make_hook({"fp16_hook": "fp16", "bf16_hook": "bf16"}.get(case, case), group)
 

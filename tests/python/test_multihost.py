@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import netns
+from bench.common import netns
 
 RANK_SCRIPT = str(Path(__file__).with_name("multihost_rank.py"))
 DEADLINE = 120.0  # seconds for one launch of all ranks (a hang fails, it does not block the suite)

@@ -19,7 +19,7 @@
 2. bench/results/ holds one folder per benchmark and nothing else but its
    README.md; a benchmark's folder holds one folder per run (and optionally
    its README.md). A run folder is named `<YYYY-MM-DD>-<short commit>` and
-   holds (as bench/pack_results.py leaves it):
+   holds (as bench/common/pack_results.py leaves it):
    - README.md, which records the command and the machine: a "Command" line
      (or heading) and a "Machine" line that gives the cores (or else
      summary.json has a header with `command`, `cpu` and `cores`);
@@ -186,7 +186,7 @@ def test_results_are_one_folder_per_benchmark_and_run():
         if other:
             problems.append(f"{run}: holds README.md, summary.json, plots and raw.tar.xz only, not "
                             f"{', '.join(sorted(other)[:5])}{' ...' if len(other) > 5 else ''} "
-                            f"(pack it: bench/pack_results.py {run})")
+                            f"(pack it: bench/common/pack_results.py {run})")
         if "README.md" not in files:
             problems.append(f"{run}: no README.md")
         if "raw.tar.xz" in files and "summary.json" not in files and _archive_has_json(f"{run}/raw.tar.xz"):
@@ -232,7 +232,7 @@ def test_results_stay_small():
 
 
 def _packer():
-    spec = importlib.util.spec_from_file_location("pack_results", ROOT / "bench" / "pack_results.py")
+    spec = importlib.util.spec_from_file_location("pack_results", ROOT / "bench" / "common" / "pack_results.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

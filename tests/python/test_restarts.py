@@ -140,7 +140,7 @@ def test_a_node_leaves_and_joins_under_elastic_membership(tmp_path, reference):
     rendezvous on host 0. Host 1 (its launcher and rank) is killed mid-training: host 0 goes on
     alone from the checkpoint; then host 1 comes back and both go on to the end. Every sample is
     on every rank, so the weights are those of an uninterrupted single-rank run."""
-    from bench import netns
+    from bench.common import netns
 
     ok, why = netns.available()
     if not ok:

@@ -18,7 +18,7 @@ that backend_cpu already holds, so it adds only where the cores do not bind.)
 work, cores are a fair share: cores / (busy ranks + other runnable threads).)
 
 Terms and where they come from (linearity_terms.py; the benchmarks that measure them:
-bench/linearity_calibrate.py):
+bench/linearity/linearity_calibrate.py):
 
 - intra-host link (latency, bandwidth): ``dlop-bench allreduce --local 2``
   (shm/cma) for dlop, a 2-rank Gloo all-reduce for Gloo;

@@ -1,0 +1,1 @@
+"""Linearity: the scaling model calibrated term by term, checked across namespace hosts, reported."""

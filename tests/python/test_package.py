@@ -127,7 +127,10 @@ def test_the_wheel_ships_the_product_only():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r"^wheel\.packages\s*=\s*(\[.*\])", text, re.M) == ['["python/dlop"]']
     assert not (PRODUCT / "bench").exists() and (LAB / "__init__.py").is_file()
-    assert {p.name for p in PRODUCT.iterdir() if (p / "__init__.py").is_file()} == {"data", "report", "scaling", "testing"}
+    # One sub-package per concern; at the top only the command, the errors and the import hooks.
+    assert {p.name for p in PRODUCT.iterdir() if (p / "__init__.py").is_file()} == {
+        "c10d", "data", "fleet", "report", "testing"}
+    assert {p.stem for p in PRODUCT.glob("*.py")} == {"__init__", "_moved", "_torchvision_compat", "cli", "errors"}
     import importlib.util
 
     assert importlib.util.find_spec("dlop.report") is not None and importlib.util.find_spec("dlop.bench") is None

@@ -92,7 +92,7 @@ class Fleet:
     def __init__(self, cluster, name: str, store_address: str) -> None:
         from torch.distributed import TCPStore
 
-        from dlop.scaling import figures
+        from dlop.fleet.scaling import figures
 
         host, port = store_address.rsplit(":", 1)
         # The trainer advertises its node's name, which resolves on the nodes only.

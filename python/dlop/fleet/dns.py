@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-_log = logging.getLogger("dlop.fleet")
+_log = logging.getLogger("dlop.fleet.dns")
 
 
 def split_host_port(text: str) -> tuple[str, int]:

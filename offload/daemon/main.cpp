@@ -21,7 +21,7 @@
 #include "offload/protocol_auth.hpp"
 #include "python_workers.hpp"
 #include "server.hpp"
-#include "socket.hpp"
+#include "transport/socket.hpp"
 #include "transport/tcp_store.hpp"
 
 int main(int argc, char** argv) {
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     sigaddset(&mask, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &mask, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
-    offload::net::UniqueFd stop(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+    transport::net::UniqueFd stop(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
     if (!stop) throw_errno("signalfd");
 
     const auto [host, port] = transport::parse_host_port(listen);

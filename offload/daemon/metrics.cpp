@@ -49,7 +49,7 @@ bool send_all(int fd, std::string_view data, Clock::time_point deadline) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
     pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, net::poll_ms(deadline)) <= 0) return false;
+    if (::poll(&p, 1, transport::net::poll_ms(deadline)) <= 0) return false;
   }
   return true;
 }
@@ -126,7 +126,7 @@ MetricsServer::MetricsServer(const std::string& host, std::uint16_t port, const 
     : stats_(stats), stop_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (!stop_) throw_errno("eventfd");
   try {
-    listener_ = net::listen_tcp(host, port);
+    listener_ = transport::net::listen_tcp(host, port);
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.find(std::strerror(EADDRINUSE)) != std::string::npos) {
@@ -136,7 +136,7 @@ MetricsServer::MetricsServer(const std::string& host, std::uint16_t port, const 
     }
     throw_error(Errc::kInvalidArgument, fmt::format("--metrics-port {}: {}", port, what));
   }
-  port_ = net::local_port(listener_.get());
+  port_ = transport::net::local_port(listener_.get());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -159,7 +159,7 @@ void MetricsServer::run() {
     if ((fds[0].revents & POLLIN) != 0) return;
     if ((fds[1].revents & POLLIN) == 0) continue;
     while (true) {
-      net::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      transport::net::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd) break;  // none left (or a transient failure: poll again)
       serve(fd.get());
     }
@@ -184,7 +184,7 @@ void MetricsServer::serve(int fd) {
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return;
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, net::poll_ms(deadline)) <= 0) return;  // too slow: dropped
+    if (::poll(&p, 1, transport::net::poll_ms(deadline)) <= 0) return;  // too slow: dropped
   }
   // "GET /metrics HTTP/1.1": the method, then the path up to a query or a space.
   const std::string_view line = std::string_view(request).substr(0, request.find_first_of("\r\n"));

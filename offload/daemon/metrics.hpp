@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "socket.hpp"
+#include "transport/socket.hpp"
 #include "stats.hpp"
 
 namespace dlop::offload::daemon {
@@ -35,9 +35,9 @@ class MetricsServer {
   void serve(int fd);
 
   const DaemonStats& stats_;
-  net::UniqueFd listener_;
+  transport::net::UniqueFd listener_;
   std::uint16_t port_ = 0;
-  net::UniqueFd stop_;  // eventfd: the destructor's word to the thread
+  transport::net::UniqueFd stop_;  // eventfd: the destructor's word to the thread
   std::thread thread_;
 };
 

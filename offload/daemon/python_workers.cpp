@@ -159,8 +159,8 @@ void PythonWorkers::start(const std::string& python, const protocol::Bytes& job)
   for (Worker& w : workers_) {
     int fds[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throw_errno("socketpair (Python worker)");
-    w.fd = net::UniqueFd(fds[0]);
-    net::UniqueFd child(fds[1]);
+    w.fd = transport::net::UniqueFd(fds[0]);
+    transport::net::UniqueFd child(fds[1]);
     // Batches are tens of MiB: larger socket buffers mean fewer switches
     // between the worker and the thread reading it (the kernel may clamp).
     const int buffer = 4 << 20;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "executor.hpp"
-#include "socket.hpp"
+#include "transport/socket.hpp"
 
 namespace dlop::offload::daemon {
 
@@ -45,7 +45,7 @@ class PythonWorkers {
  private:
   struct Worker {
     pid_t pid = -1;
-    net::UniqueFd fd;
+    transport::net::UniqueFd fd;
     std::thread thread;
   };
   void start(const std::string& python, const protocol::Bytes& job);

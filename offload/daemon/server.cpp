@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
-      listener_(net::listen_tcp(options_.host, options_.port)),
-      port_(net::local_port(listener_.get())),
+      listener_(transport::net::listen_tcp(options_.host, options_.port)),
+      port_(transport::net::local_port(listener_.get())),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (!wake_) throw_errno("eventfd");
   executor_ = std::make_unique<Executor>(options_.threads, stats_, [fd = wake_.get()] {
@@ -115,7 +115,7 @@ Server::End Server::run(int signal_fd) {
       fds.push_back({c->fd.get(), events, 0});
       polled.push_back(c.get());
     }
-    const int n = ::poll(fds.data(), fds.size(), armed ? net::poll_ms(next_deadline()) : 0);
+    const int n = ::poll(fds.data(), fds.size(), armed ? transport::net::poll_ms(next_deadline()) : 0);
     if (n < 0 && errno != EINTR) throw_errno("poll");
     if (n <= 0) continue;
     if ((fds[0].revents & (POLLIN | POLLHUP)) != 0) {
@@ -248,18 +248,18 @@ void Server::drain_wake_fd() {
 
 void Server::accept_all() {
   while (true) {
-    net::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    transport::net::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) log().warn("offloader: accept: {}", std::strerror(errno));
       return;
     }
-    const std::string peer = net::peer_name(fd.get());
+    const std::string peer = transport::net::peer_name(fd.get());
     if (conns_.size() >= options_.max_connections) {
       log().warn("offloader: refused {}: already {} connections", peer, conns_.size());
       continue;
     }
-    net::tune_socket(fd.get());
+    transport::net::tune_socket(fd.get());
     auto c = std::make_unique<Conn>();
     c->id = next_conn_++;
     c->fd = std::move(fd);

@@ -30,7 +30,7 @@
 #include "offload/protocol.hpp"
 #include "offload/protocol_auth.hpp"
 #include "offload/protocol_messages.hpp"
-#include "socket.hpp"
+#include "transport/socket.hpp"
 #include "stats.hpp"
 #include "ucx_sender.hpp"
 
@@ -94,7 +94,7 @@ class Server {
   };
   struct Conn {
     std::uint64_t id = 0;
-    net::UniqueFd fd;
+    transport::net::UniqueFd fd;
     std::string peer;  // "ip:port", then "ip:port (client name)" once known
     protocol::FrameDecoder decoder{protocol::kMaxPreAuthPayload};
     protocol::FrameWriter writer;
@@ -162,9 +162,9 @@ class Server {
   std::shared_ptr<const Source> open_source_cached(const std::string& path, std::string_view kind);
 
   ServerOptions options_;
-  net::UniqueFd listener_;
+  transport::net::UniqueFd listener_;
   std::uint16_t port_ = 0;
-  net::UniqueFd wake_;  // eventfd the executor writes when results are ready
+  transport::net::UniqueFd wake_;  // eventfd the executor writes when results are ready
   DaemonStats stats_;
   // Owned by pointer so that ~Server can destroy it (running its last send
   // callbacks) while the executor and the connection map still exist.

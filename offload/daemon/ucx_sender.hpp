@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "offload/protocol.hpp"
-#include "ucx_batches.hpp"
+#include "offload/ucx_batches.hpp"
 #include "transport/endpoints.hpp"
 
 namespace dlop::offload::daemon {
@@ -38,7 +38,7 @@ class UcxSender {
   // Force-closes the endpoint: its pending sends complete with an error.
   void disconnect(EndpointId id);
 
-  // Sends the batch at `data` for `lease`, piece by piece (ucx_batches.hpp);
+  // Sends the batch at `data` for `lease`, piece by piece (offload/ucx_batches.hpp);
   // `data` must stay valid until `done` runs, once, after every piece
   // finished (with the first piece's error, if any). A send to a failed
   // endpoint fails at once (done still runs from progress(), never from

@@ -1,7 +1,10 @@
 #include "transport/tcp_store.hpp"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <cstring>
@@ -15,6 +18,7 @@
 namespace dlop::transport {
 
 using namespace tcp_store_detail;
+using namespace net;
 
 namespace {
 
@@ -86,14 +90,12 @@ class TcpStoreServer::Loop {
     for (const auto& c : conns_) {
       if (c->parked) deadline = std::min(deadline, c->deadline);
     }
-    return deadline == Clock::time_point::max() ? -1 : poll_timeout(deadline);
+    return poll_ms(deadline);
   }
 
   void accept_all() {
     while (true) {
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -103,10 +105,10 @@ class TcpStoreServer::Loop {
         }
         return;
       }
-      set_nodelay(fd);
+      tune_socket(fd);
       auto conn = std::make_unique<Conn>();
       conn->fd.reset(fd);
-      conn->peer = peer_name(addr, len);
+      conn->peer = peer_name(fd);
       conns_.push_back(std::move(conn));
     }
   }
@@ -267,7 +269,8 @@ class TcpStoreServer::Loop {
 };
 
 TcpStoreServer::TcpStoreServer(std::string host, std::uint16_t port) : host_(std::move(host)) {
-  UniqueFd listener = listen_on(host_, port, port_);
+  UniqueFd listener = listen_tcp(host_, port);
+  port_ = local_port(listener.get());
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (wake.get() < 0) throw_errno("tcp store server: eventfd");
   loop_ = std::make_unique<Loop>(std::move(listener), std::move(wake), endpoint(host_, port_));

@@ -10,7 +10,7 @@
 
 #include "offload/offload_client.hpp"
 #include "transport/request.hpp"
-#include "ucx_batches.hpp"
+#include "offload/ucx_batches.hpp"
 
 namespace dlop::offload {
 

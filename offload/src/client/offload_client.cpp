@@ -15,11 +15,11 @@
 #include "core/wait_policy.hpp"
 #include "core/process.hpp"
 #include "offload/protocol_auth.hpp"
-#include "socket.hpp"
 #include "lease.hpp"
-#include "ucx_batches.hpp"
+#include "offload/ucx_batches.hpp"
 #include "transport/endpoints.hpp"
 #include "transport/progress_thread.hpp"
+#include "transport/socket.hpp"
 
 namespace dlop::offload {
 
@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 using protocol::MsgType;
 
 struct OffloadClient::Socket {
-  net::UniqueFd fd;
+  transport::net::UniqueFd fd;
 };
 
 std::shared_ptr<transport::UcxWorker> OffloadClient::make_worker() {
@@ -47,7 +47,10 @@ OffloadClient::OffloadClient(const std::string& host, std::uint16_t port, std::s
   // No endpoints: the client only posts receives; the daemon connects to it.
   endpoints_ = std::make_unique<transport::Endpoints>(*options_.worker, transport::Endpoints::Options{});
   endpoints_->set_any_name("dlop-offloader at " + address_);
-  socket_->fd = net::connect_tcp(host, port, options_.timeout);
+  std::string why;
+  socket_->fd = transport::net::try_connect(host, port, Clock::now() + options_.timeout, why);
+  if (!socket_->fd) throw_error(Errc::kPeerDead, "cannot connect to dlop-offloader at " + address_ + ": " + why);
+  transport::net::tune_socket(socket_->fd.get());
   handshake();
   if (paced()) {
     options_.progress->set_hook(this, [this] { return post_granted(); });
@@ -198,7 +201,7 @@ void OffloadClient::send(MsgType type, const protocol::Bytes& payload) {
       // The daemon is not reading: keep our side moving while we wait.
       progress_worker();
       pollfd p{socket_->fd.get(), POLLOUT, 0};
-      if (::poll(&p, 1, net::poll_ms(std::min(deadline, Clock::now() + std::chrono::milliseconds(10)))) == 0 &&
+      if (::poll(&p, 1, transport::net::poll_ms(std::min(deadline, Clock::now() + std::chrono::milliseconds(10)))) == 0 &&
           Clock::now() > deadline) {
         fail(Errc::kTimeout, "sending " + std::string(protocol::type_name(type)) + " timed out");
       }
@@ -290,7 +293,7 @@ protocol::Frame OffloadClient::await(MsgType type, const char* what, std::chrono
       fail(Errc::kProtocol, std::string("unexpected ") + std::string(protocol::type_name(it->type)) + " while waiting for " + what);
     }
     if (Clock::now() > deadline) fail(Errc::kTimeout, std::string("no answer to ") + what + " in time");
-    auto frames = pump(std::chrono::milliseconds(net::poll_ms(deadline)));
+    auto frames = pump(std::chrono::milliseconds(transport::net::poll_ms(deadline)));
     unsolicited_.insert(unsolicited_.end(), std::make_move_iterator(frames.begin()), std::make_move_iterator(frames.end()));
   }
 }
@@ -571,7 +574,7 @@ std::optional<Completion> OffloadClient::wait(std::chrono::milliseconds timeout)
       return c;
     }
     if (failure_) throw *failure_;
-    auto frames = pump(std::chrono::milliseconds(net::poll_ms(deadline)));
+    auto frames = pump(std::chrono::milliseconds(transport::net::poll_ms(deadline)));
     unsolicited_.insert(unsolicited_.end(), std::make_move_iterator(frames.begin()), std::make_move_iterator(frames.end()));
     collect();
     if (ready_.empty() && Clock::now() >= deadline) return std::nullopt;

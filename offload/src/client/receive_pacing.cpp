@@ -7,7 +7,7 @@
 #include "core/trace.hpp"
 #include "lease.hpp"
 #include "transport/endpoints.hpp"
-#include "ucx_batches.hpp"
+#include "offload/ucx_batches.hpp"
 
 namespace dlop::offload {
 

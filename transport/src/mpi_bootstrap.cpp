@@ -10,7 +10,6 @@
 #include "core/log.hpp"
 
 namespace dlop::transport {
-namespace {
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -19,6 +18,8 @@ void check_mpi(int rc, const char* what) {
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
   throw_error(Errc::kTransport, fmt::format("{} failed: {}", what, std::string(text, static_cast<std::size_t>(len))));
 }
+
+namespace {
 
 // The name other hosts can reach this one by, or 127.0.0.1 when it does not
 // even resolve here.

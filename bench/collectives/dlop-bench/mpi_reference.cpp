@@ -6,6 +6,7 @@
 
 #include "collectives/reduce.hpp"
 #include "core/error.hpp"
+#include "transport/mpi_bootstrap.hpp"
 
 namespace dlop::bench {
 namespace {
@@ -14,13 +15,7 @@ using coll::CollKind;
 using coll::DataType;
 using coll::ReduceOp;
 
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  throw_error(Errc::kTransport, fmt::format("{} failed: {}", what, std::string(text, static_cast<std::size_t>(len))));
-}
+using transport::check_mpi;
 
 MPI_Datatype mpi_type(DataType dtype) {
   switch (dtype) {

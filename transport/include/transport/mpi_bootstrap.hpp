@@ -17,6 +17,11 @@
 
 namespace dlop::transport {
 
+// Throws dlop::Error(kTransport) naming `what` (the MPI call) and MPI's own
+// text for `rc`, unless rc is MPI_SUCCESS. Meant for communicators whose
+// error handler is MPI_ERRORS_RETURN.
+void check_mpi(int rc, const char* what);
+
 class MpiBootstrap : public Bootstrap {
  public:
   // Collective over MPI_COMM_WORLD. Initialises MPI (MPI_THREAD_SERIALIZED)

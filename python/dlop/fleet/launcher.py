@@ -11,7 +11,7 @@ announcement is withdrawn and this command exits with its status.
 The store is the job's TCPStore: under torchrun, MASTER_ADDR:MASTER_PORT.
 
 In a SLURM job, without --store, the daemon listens where that job's
-`dlop run` looks (dlop.slurm.het_offloaders: every interface, on the port
+`dlop run` looks (dlop.fleet.slurm.het_offloaders: every interface, on the port
 derived from the job id, plus SLURM_LOCALID), with the job's token
 (DLOP_OFFLOAD_TOKEN_FILE) and a compute thread per CPU of its task, and
 prints the node it runs on.

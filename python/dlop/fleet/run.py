@@ -9,7 +9,7 @@
 
 In a SLURM heterogeneous job whose het group 1 runs `dlop offloader`, and
 given none of the flags that name offloaders, `dlop run` uses those
-offloaders (dlop.slurm.het_offloaders: group 1's nodes, a port derived from
+offloaders (dlop.fleet.slurm.het_offloaders: group 1's nodes, a port derived from
 the job id) with the job's token (DLOP_OFFLOAD_TOKEN_FILE, which the batch
 script makes: see `dlop slurm-template`), waiting up to --wait seconds
 (default 120 there) for the first to answer; the others join as they do.

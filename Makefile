@@ -131,8 +131,9 @@ check: build
 CTEST_ARGS   ?=
 PYTHON_TESTS ?= tests/python
 
+RUN_CPP = $(CTEST_RUN) $(BUILD) $(CTEST_ARGS)
 test-cpp: build
-	$(CTEST_RUN) $(BUILD) $(CTEST_ARGS)
+	$(RUN_CPP)
 
 # With tests/python present, pytest collecting no test (exit 5) is a failure.
 # tests/python tests the product (python/dlop and the C++ under it); the
@@ -142,24 +143,26 @@ test-cpp: build
 # stay on one worker, which starts the file's servers and ranks once.
 # --durations: the slowest 30 tests, so where the suite's time goes is in every log.
 PYTEST_ARGS ?= -n $(JOBS) --dist loadfile --durations=30
+RUN_PARALLEL = $(PYTEST) $(PYTEST_ARGS) -m 'not alone' $(PYTHON_TESTS)
 # Tests marked "alone" measure time or count machine-wide state: they run afterwards, one at a time, and
-# one that fails runs once more, which the log's end names (tests/conftest.py).
+# one that fails runs once more, which the log's end names (tests/conftest.py). Exit 5: the selection
+# (PYTHON_TESTS) holds no alone test.
+RUN_ALONE = $(PYTEST) -m alone $(PYTHON_TESTS) || [ $$? -eq 5 ]
 test-python: test-python-parallel test-python-alone
 
 test-python-parallel: build
-	$(PYTEST) $(PYTEST_ARGS) -m 'not alone' $(PYTHON_TESTS)
+	$(RUN_PARALLEL)
 
-# Exit 5: the selection holds no alone test.
 test-python-alone: build
-	@echo "$(PYTEST) -m alone $(PYTHON_TESTS)"; $(PYTEST) -m alone $(PYTHON_TESTS); rc=$$?; [ $$rc -eq 5 ] || exit $$rc
+	$(RUN_ALONE)
 
 # test's C++ and parallel Python suites beside BUSY busy processes at normal priority (four: two a core on
 # CI's two cores, a load average of 6 with the suite's own two), started and always killed by
 # scripts/under_load.sh; then the alone tests, which need the machine to themselves, once the load is gone.
+# The build comes first, without the load (it is not what this measures).
 BUSY ?= 4
 test-under-load: build
-	@scripts/under_load.sh $(BUSY) "$(MAKE) --no-print-directory test-cpp test-python-parallel" \
-	  "$(MAKE) --no-print-directory test-python-alone"
+	@scripts/under_load.sh $(BUSY) "$(RUN_CPP) && $(RUN_PARALLEL)" "$(subst $$,\$$,$(RUN_ALONE))"
 
 # The benchmark lab (bench/, python -m bench.NAME) at tiny sizes: its harnesses run end to end and write what
 # their reports read. Not part of test: the product's tests stay lean; CI runs both.

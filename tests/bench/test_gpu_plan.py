@@ -53,15 +53,15 @@ def test_a_budget_too_small_skips_every_row_with_a_note_and_still_packs(tmp_path
     """The clock is checked before each step: with 1 s of budget every row is skipped, named, and the run
     still packs what it has (the preflight) and says it is partial (exit 2)."""
     out = tmp_path / "out"
-    rc, log, took = run_script(["scripts/gpu_headline.sh", "image", str(out)], {"K": "1", "GPU_BUDGET": "1"},
-                               timeout=180)
+    rc, log, _ = run_script(["scripts/gpu_headline.sh", "image", str(out)], {"K": "1", "GPU_BUDGET": "1"},
+                            timeout=180)
     assert rc == 2, log[-4000:]
     got = returned(out, summary=False)
     for row in train_device.ROWS:
         assert f"`row_{row}`: skipped (" in got["readme"], f"{row} is not named as skipped:\n{got['readme']}"
     assert "of the 1 s budget" in got["readme"]
     assert "RESULT partial" in log
-    assert took < 150, f"a run with nothing to do took {took:.0f} s"
+    assert not any(f.startswith("raw/rows/") for f in got["archived"]), got["archived"]  # no row ran
 
 
 def test_a_missing_piece_is_named_by_the_preflight_and_the_run_still_packs(tmp_path):

@@ -191,8 +191,6 @@ std::optional<c10::Device> ProcessGroupDlop::shared_device_in_use() const {
 }
 
 bool ProcessGroupDlop::delegates(c10::Device device, const char* op) const {
-  // The host half of a staged call is dlop's own.
-  if (DeviceScope::active()) return false;
   if (delegate_ && std::find(delegate_types_.begin(), delegate_types_.end(), device.type()) != delegate_types_.end()) {
     return true;
   }
@@ -210,13 +208,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, st
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep_alive,
                                                            std::function<void()> finish, bool caller_waits) {
-  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) {
-    ++collectives_issued_;
-  }
   auto work = c10::make_intrusive<WorkDlop>(getRank(), type, std::move(outputs), std::move(keep_alive),
                                             std::move(finish));
   work->report_peer_deaths_to(faults_);
-  if (coalescing_ == Coalescing::kOwn && !DeviceScope::active()) coalesced_.push_back(work);
   if (caller_waits) {
     work->complete_in_place(std::move(handles), completions_);
   } else {
@@ -225,10 +219,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::make_work(c10d::OpType type, st
   return work;
 }
 
+void ProcessGroupDlop::issued(const WorkPtr& work) {
+  const auto type = work->retrieveOpType();
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) {
+    ++collectives_issued_;
+  }
+  if (coalescing_ == Coalescing::kOwn) coalesced_.push_back(work);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::barrier(const c10d::BarrierOptions& opts) {
   auto options = op_options(opts.timeout);
   options.caller_waits = caller_waits(opts);
-  return make_work(c10d::OpType::BARRIER, {comm_->barrier(options)}, {}, {}, {}, options.caller_waits);
+  auto work = make_work(c10d::OpType::BARRIER, {comm_->barrier(options)}, {}, {}, {}, options.caller_waits);
+  issued(work);
+  return work;
 }
 
 void ProcessGroupDlop::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -288,21 +292,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::send(std::vector<at::Tensor>& t
   std::vector<at::Tensor> none;
   return collective(c10d::OpType::SEND, "send", none, tensors,
                     [&](c10d::Backend& b, auto&, auto& in) { return b.send(in, dst_rank, tag); },
-                    [&] { return point_to_point(c10d::OpType::SEND, tensors, dst_rank, tag); });
+                    [&](auto&, auto& in) { return point_to_point(c10d::OpType::SEND, in, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   std::vector<at::Tensor> none;
   return collective(c10d::OpType::RECV, "recv", tensors, none,
                     [&](c10d::Backend& b, auto& out, auto&) { return b.recv(out, src_rank, tag); },
-                    [&] { return point_to_point(c10d::OpType::RECV, tensors, src_rank, tag); });
+                    [&](auto& out, auto&) { return point_to_point(c10d::OpType::RECV, out, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   std::vector<at::Tensor> none;
   return collective(c10d::OpType::RECVANYSOURCE, "recv", tensors, none,
                     [&](c10d::Backend& b, auto& out, auto&) { return b.recvAnysource(out, tag); },
-                    [&] { return point_to_point(c10d::OpType::RECVANYSOURCE, tensors, -1, tag); });
+                    [&](auto& out, auto&) { return point_to_point(c10d::OpType::RECVANYSOURCE, out, -1, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDlop::point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors,

@@ -244,7 +244,7 @@ c10::intrusive_ptr<c10d::Work> SharedDeviceArena::start_allreduce(ProcessGroupDl
     {
       const DeviceScope scope(chunk->gate);
       std::vector<at::Tensor> agreed_list{agreed};
-      host = pg.allreduce(agreed_list, barrier);
+      host = pg.host_allreduce(agreed_list, barrier);
     }
     WorkDevice::Step step{std::move(host), {}, {}};
     step.then = [self, seq = chunk->seq, agreed](std::exception_ptr error) {

@@ -153,14 +153,15 @@ bool chunkable(const at::Tensor& t) { return t.is_contiguous() && t.layout() == 
 
 }  // namespace
 
-WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::AllreduceOptions& opts) {
+WorkPtr Staged::allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                          const c10d::AllreduceOptions& opts) {
   if (auto arena = pg.shared_device(device); arena && arena->serves(tensors, opts.reduceOp)) {
     return arena->allreduce(pg, tensors[0], opts);
   }
   DeviceCall call(device);
   const auto sources = premultiplied(call, tensors, opts.reduceOp);
   const auto host_opts = host_options(opts);
-  const auto host_call = [&](Tensors& host) { return pg.allreduce(host, host_opts); };
+  const auto host_call = [&](Tensors& host) { return pg.host_allreduce(host, host_opts); };
   if (tensors.size() == 1 && chunkable(tensors[0])) {
     return chunked(pg, c10d::OpType::ALLREDUCE, call, sources[0], tensors[0], true, host_call);
   }
@@ -168,8 +169,8 @@ WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, co
 }
 
 // One all-reduce of the tensors copied out one after another.
-WorkPtr allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
-                            const c10d::AllreduceCoalescedOptions& opts) {
+WorkPtr Staged::allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                                    const c10d::AllreduceCoalescedOptions& opts) {
   for (const auto& t : tensors) {
     DLOP_CHECK_ARG(t.scalar_type() == tensors[0].scalar_type(), "dlop allreduce_coalesced: tensors of dtypes ",
                    tensors[0].scalar_type(), " and ", t.scalar_type(), " (one dtype per call)");
@@ -185,32 +186,33 @@ WorkPtr allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& t
   host_opts.timeout = opts.timeout;
   Tensors flat{tensors.empty() ? packed.bytes : packed.bytes.view(tensors[0].scalar_type())};
   return one_step(pg, c10d::OpType::ALLREDUCE_COALESCED, call, tensors, std::move(copy_back),
-                  [&] { return pg.allreduce(flat, host_opts); });
+                  [&] { return pg.host_allreduce(flat, host_opts); });
 }
 
-WorkPtr broadcast(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::BroadcastOptions& opts) {
+WorkPtr Staged::broadcast(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                          const c10d::BroadcastOptions& opts) {
   DeviceCall call(device);
   const bool root = opts.rootRank == pg.getRank();
-  const auto host_call = [&](Tensors& host) { return pg.broadcast(host, opts); };
+  const auto host_call = [&](Tensors& host) { return pg.host_broadcast(host, opts); };
   if (tensors.size() == 1 && chunkable(tensors[0])) {
     return chunked(pg, c10d::OpType::BROADCAST, call, tensors[0], tensors[0], root, host_call);
   }
   return in_place(pg, c10d::OpType::BROADCAST, call, tensors, tensors, host_call);
 }
 
-WorkPtr reduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::ReduceOptions& opts) {
+WorkPtr Staged::reduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::ReduceOptions& opts) {
   DeviceCall call(device);
   const auto sources = premultiplied(call, tensors, opts.reduceOp);
   const auto host_opts = host_options(opts);
   return in_place(pg, c10d::OpType::REDUCE, call, sources, tensors,
-                  [&](Tensors& host) { return pg.reduce(host, host_opts); });
+                  [&](Tensors& host) { return pg.host_reduce(host, host_opts); });
 }
 
 // outputs[r][i] receives rank r's inputs[i]: the inputs are copied out into
 // one buffer, each at a 16-byte boundary (their dtypes may differ), and one
 // all-gather of those bytes fills every rank's copy at the same offsets.
-WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, Tensors& inputs,
-                            const c10d::AllgatherOptions& opts) {
+WorkPtr Staged::allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, Tensors& inputs,
+                                    const c10d::AllgatherOptions& opts) {
   DLOP_CHECK_ARG(outputs.size() == static_cast<std::size_t>(pg.getSize()), "dlop allgather_coalesced: expects ",
                  pg.getSize(), " output lists, got ", outputs.size());
   for (const auto& list : outputs) {
@@ -233,52 +235,52 @@ WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorList
   CopyBack copy_back;
   for (std::size_t i = 0; i < every_rank_like.size(); ++i) copy_back.emplace_back(every_rank_like[i], out.parts[i]);
   return one_step(pg, c10d::OpType::ALLGATHER_COALESCED, call, every_rank_like, std::move(copy_back),
-                  [&] { return pg._allgather_base(out.bytes, in.bytes, opts); });
+                  [&] { return pg.host_allgather_base(out.bytes, in.bytes, opts); });
 }
 
-WorkPtr scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
-                const c10d::ScatterOptions& opts) {
+WorkPtr Staged::scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
+                        const c10d::ScatterOptions& opts) {
   DeviceCall call(device);
   TensorLists host_in;
   for (const auto& list : inputs) host_in.push_back(packed_copies(call, list));
   return staged_call(pg, call, c10d::OpType::SCATTER, outputs, std::move(host_in),
-                     [&](c10d::Backend& b, Tensors& out, TensorLists& in) { return b.scatter(out, in, opts); });
+                     [&](Tensors& out, TensorLists& in) { return pg.host_scatter(out, in, opts); });
 }
 
-WorkPtr reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
-                       const c10d::ReduceScatterOptions& opts) {
+WorkPtr Staged::reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
+                               const c10d::ReduceScatterOptions& opts) {
   DeviceCall call(device);
   TensorLists host_in;
   for (const auto& list : inputs) host_in.push_back(packed_copies(call, list, opts.reduceOp));
   const auto host_opts = host_options(opts);
   return staged_call(pg, call, c10d::OpType::REDUCE_SCATTER, outputs, std::move(host_in),
-                     [&](c10d::Backend& b, Tensors& out, TensorLists& in) { return b.reduce_scatter(out, in, host_opts); });
+                     [&](Tensors& out, TensorLists& in) { return pg.host_reduce_scatter(out, in, host_opts); });
 }
 
-WorkPtr reduce_scatter_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
-                            const c10d::ReduceScatterOptions& opts) {
+WorkPtr Staged::reduce_scatter_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
+                                    const c10d::ReduceScatterOptions& opts) {
   const auto host_opts = host_options(opts);
   return summed_on_host(pg, device, c10d::OpType::_REDUCE_SCATTER_BASE, output, input, opts.reduceOp,
-                        [&](c10d::Backend& b, at::Tensor& out, at::Tensor& in) {
-                          return b._reduce_scatter_base(out, in, host_opts);
+                        [&](at::Tensor& out, at::Tensor& in) {
+                          return pg.host_reduce_scatter_base(out, in, host_opts);
                         });
 }
 
-WorkPtr reduce_scatter_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
-                                        const c10d::ReduceScatterOptions& opts) {
+WorkPtr Staged::reduce_scatter_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs,
+                                                Tensors& inputs, const c10d::ReduceScatterOptions& opts) {
   const auto host_opts = host_options(opts);
   return summed_on_host(pg, device, c10d::OpType::COALESCED, outputs, inputs, opts.reduceOp,
-                        [&](c10d::Backend& b, Tensors& out, Tensors& in) {
-                          return b.reduce_scatter_tensor_coalesced(out, in, host_opts);
+                        [&](Tensors& out, Tensors& in) {
+                          return pg.host_reduce_scatter_tensor_coalesced(out, in, host_opts);
                         });
 }
 
-WorkPtr alltoall(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
-                 const c10d::AllToAllOptions& opts) {
+WorkPtr Staged::alltoall(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
+                         const c10d::AllToAllOptions& opts) {
   DeviceCall call(device);
   auto host_in = packed_copies(call, inputs);
   return staged_call(pg, call, c10d::OpType::ALLTOALL, outputs, std::move(host_in),
-                     [&](c10d::Backend& b, Tensors& out, Tensors& in) { return b.alltoall(out, in, opts); });
+                     [&](Tensors& out, Tensors& in) { return pg.host_alltoall(out, in, opts); });
 }
 
 }  // namespace dlop::backend::on_device

@@ -1,9 +1,10 @@
 // ProcessGroupDlop's calls on accelerator tensors, staged through pinned host
-// memory (device_staging.hpp): each stages its tensors, runs the CPU
-// implementation of the same call on the host copies, and returns a
-// WorkDevice that copies the results back. ProcessGroupDlop::collective
-// (collective.hpp) stages a call with staged_call() unless the call brings a
-// staging of its own: the functions declared last.
+// memory (device_staging.hpp): each stages its tensors, runs the call's host
+// entry (ProcessGroupDlop::host_*) on the host copies, and returns a
+// WorkDevice that copies the results back. The host half never re-enters the
+// public call: the public call has routed, and counts, the whole call.
+// ProcessGroupDlop::collective (collective.hpp) stages a call with
+// staged_call() unless the call brings a staging of its own: Staged's.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -66,42 +67,47 @@ WorkPtr one_step(ProcessGroupDlop& pg, c10d::OpType type, DeviceCall& call, Tens
   return work;
 }
 
-// The call `op(backend, outputs, inputs)` made on `pg` with `host_inputs`
+// `host(host_outputs, host_inputs)`, a host entry of `pg`, on `host_inputs`
 // (staged by `call`) and host tensors for `outputs`, copied back once done.
-template <class Out, class In, class Op>
+template <class Out, class In, class Host>
 WorkPtr staged_call(ProcessGroupDlop& pg, DeviceCall& call, c10d::OpType type, const Out& outputs, In host_inputs,
-                    Op&& op) {
+                    Host&& host) {
   CopyBack copy_back;
   auto host_outputs = outputs_of(call, outputs, copy_back);
   return one_step(pg, type, call, listed(outputs), std::move(copy_back),
-                  [&] { return op(pg, host_outputs, host_inputs); });
+                  [&] { return host(host_outputs, host_inputs); });
 }
 
 // The same with the inputs copied out as they are.
-template <class Out, class In, class Op>
+template <class Out, class In, class Host>
 WorkPtr staged_call(ProcessGroupDlop& pg, c10::Device device, c10d::OpType type, const Out& outputs,
-                    const In& inputs, Op&& op) {
+                    const In& inputs, Host&& host) {
   DeviceCall call(device);
-  return staged_call(pg, call, type, outputs, to_host(call, inputs), op);
+  return staged_call(pg, call, type, outputs, to_host(call, inputs), host);
 }
 
-// The calls staged their own way (staged_ops.cpp says how).
-WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::AllreduceOptions& opts);
-WorkPtr allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
-                            const c10d::AllreduceCoalescedOptions& opts);
-WorkPtr broadcast(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::BroadcastOptions& opts);
-WorkPtr reduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::ReduceOptions& opts);
-WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs, Tensors& inputs,
-                            const c10d::AllgatherOptions& opts);
-WorkPtr scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
-                const c10d::ScatterOptions& opts);
-WorkPtr reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
-                       const c10d::ReduceScatterOptions& opts);
-WorkPtr reduce_scatter_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output, at::Tensor& input,
-                            const c10d::ReduceScatterOptions& opts);
-WorkPtr reduce_scatter_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
-                                        const c10d::ReduceScatterOptions& opts);
-WorkPtr alltoall(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
-                 const c10d::AllToAllOptions& opts);
+// The calls staged their own way (staged_ops.cpp says how); a friend of
+// ProcessGroupDlop, as their host halves go straight to its host entries.
+struct Staged {
+  static WorkPtr allreduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                           const c10d::AllreduceOptions& opts);
+  static WorkPtr allreduce_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                                     const c10d::AllreduceCoalescedOptions& opts);
+  static WorkPtr broadcast(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors,
+                           const c10d::BroadcastOptions& opts);
+  static WorkPtr reduce(ProcessGroupDlop& pg, c10::Device device, Tensors& tensors, const c10d::ReduceOptions& opts);
+  static WorkPtr allgather_coalesced(ProcessGroupDlop& pg, c10::Device device, TensorLists& outputs,
+                                     Tensors& inputs, const c10d::AllgatherOptions& opts);
+  static WorkPtr scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
+                         const c10d::ScatterOptions& opts);
+  static WorkPtr reduce_scatter(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, TensorLists& inputs,
+                                const c10d::ReduceScatterOptions& opts);
+  static WorkPtr reduce_scatter_base(ProcessGroupDlop& pg, c10::Device device, at::Tensor& output,
+                                     at::Tensor& input, const c10d::ReduceScatterOptions& opts);
+  static WorkPtr reduce_scatter_tensor_coalesced(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs,
+                                                 Tensors& inputs, const c10d::ReduceScatterOptions& opts);
+  static WorkPtr alltoall(ProcessGroupDlop& pg, c10::Device device, Tensors& outputs, Tensors& inputs,
+                          const c10d::AllToAllOptions& opts);
+};
 
 }  // namespace dlop::backend::on_device

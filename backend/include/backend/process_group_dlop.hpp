@@ -34,6 +34,9 @@
 
 namespace dlop::backend {
 
+namespace on_device {
+struct Staged;
+}
 class CompletionQueue;
 class FaultChannel;
 class SharedDeviceArena;
@@ -162,20 +165,52 @@ class ProcessGroupDlop : public c10d::Backend {
   std::optional<c10::Device> shared_device_in_use() const;
 
  private:
+  // The staged path's ways in (staged_ops.hpp, shared_device.hpp): host_*.
+  friend struct on_device::Staged;
+  friend class SharedDeviceArena;
+
   // Every call on tensors (collective.hpp): it finds the call's device
   // (call_device), hands the call to the delegate where one serves that
   // device, stages accelerator tensors through host memory, and otherwise
-  // runs `cpu`, dlop's own implementation. `op(backend, outputs, inputs)` is
-  // the call itself: the delegate gets it with the caller's tensors; the
-  // staging (on_device::staged_call, whose Work is of `type`) makes it on
-  // this group with host copies, unless the call brings `staged(device)`, a
-  // staging of its own.
-  template <class Out, class In, class Op, class Cpu>
+  // runs `host(outputs, inputs)`, dlop's own implementation; the Work it
+  // returns is the one the group counts (issued). `op(backend, outputs,
+  // inputs)` is the call itself, for the delegate. The staging
+  // (on_device::staged_call, whose Work is of `type`) runs `host` on host
+  // copies, unless the call brings `staged(device)`, a staging of its own.
+  template <class Out, class In, class Op, class Host>
   c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const char* name, Out& outputs, In& inputs, Op&& op,
-                                            Cpu&& cpu);
-  template <class Out, class In, class Op, class Staged, class Cpu>
+                                            Host&& host);
+  template <class Out, class In, class Op, class Staged, class Host>
   c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const char* name, Out& outputs, In& inputs, Op&& op,
-                                            Staged&& staged, Cpu&& cpu);
+                                            Staged&& staged, Host&& host);
+  // The host entries: each call's implementation on host tensors (CPU
+  // tensors, or a staged call's pinned copies), which checks them and
+  // submits to the engine. The public call routes, counts and registers
+  // the Work once; the staged path calls these directly, as NCCL's
+  // collective() calls its `fn`, so it never enters a public call again.
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+  using Tensors = std::vector<at::Tensor>;
+  using TensorLists = std::vector<std::vector<at::Tensor>>;
+  WorkPtr host_allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts);
+  WorkPtr host_allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts);
+  WorkPtr host_broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts);
+  WorkPtr host_reduce(Tensors& tensors, const c10d::ReduceOptions& opts);
+  WorkPtr host_allgather(TensorLists& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts);
+  WorkPtr host_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts);
+  WorkPtr host_allgather_coalesced(TensorLists& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts);
+  WorkPtr host_allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts);
+  WorkPtr host_gather(TensorLists& outputs, Tensors& inputs, const c10d::GatherOptions& opts);
+  WorkPtr host_scatter(Tensors& outputs, TensorLists& inputs, const c10d::ScatterOptions& opts);
+  WorkPtr host_reduce_scatter(Tensors& outputs, TensorLists& inputs, const c10d::ReduceScatterOptions& opts);
+  WorkPtr host_reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts);
+  WorkPtr host_reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                               const c10d::ReduceScatterOptions& opts);
+  WorkPtr host_alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+                             std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts);
+  WorkPtr host_alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts);
+  // A Work dlop ran itself, once per public call: a collective (not p2p)
+  // moves the sequence number, and a coalesced group keeps it.
+  void issued(const WorkPtr& work);
   // dlop's send, recv and recvAnysource (`type`) of CPU tensors; `peer` -1: any source.
   c10::intrusive_ptr<c10d::Work> point_to_point(c10d::OpType type, std::vector<at::Tensor>& tensors, int peer,
                                                 int tag);
@@ -183,6 +218,7 @@ class ProcessGroupDlop : public c10d::Backend {
   // Wraps submitted handles into a Work that completes with `outputs` after
   // running `finish` (copies back from staging buffers) on completion. With
   // `caller_waits` (a blocking call), the Work is complete when returned.
+  // Neither counted nor registered: issued() does that for the public call.
   c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<sched::Handle> handles,
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
                                            std::function<void()> finish = {}, bool caller_waits = false);

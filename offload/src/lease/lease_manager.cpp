@@ -6,7 +6,6 @@
 #include "offload/lease_manager.hpp"
 
 #include <poll.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -20,14 +19,13 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trace.hpp"
+#include "lease_pool.hpp"
 #include "transport/progress_thread.hpp"
 
 namespace dlop::offload {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::size_t kAlign = 4096;
-constexpr std::size_t kMinAlign = 64;
 constexpr int kFailuresToDrop = 3;  // a daemon's own failures in a row before it is dropped
 
 enum class PosState { kPending, kLeased, kFilled, kYielded };
@@ -82,19 +80,6 @@ struct Lease {
 
 }  // namespace
 
-std::shared_ptr<std::byte> page_locked_memory(std::size_t bytes) {
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-  if (p == nullptr) return nullptr;
-  // Page-locked where RLIMIT_MEMLOCK allows; plain memory works too.
-  const bool locked = ::mlock(p, bytes) == 0;
-  if (!locked) log().debug("offload: mlock of a {} byte batch buffer failed", bytes);
-  return std::shared_ptr<std::byte>(p, [bytes, locked](std::byte* q) {
-    if (locked) ::munlock(q, bytes);
-    std::free(q);
-  });
-}
-
 struct LeaseManager::Impl {
   LeaseOptions opt;
   std::optional<BatchLayout> layout;
@@ -105,17 +90,11 @@ struct LeaseManager::Impl {
   // manager, so that prepare_daemon() on another thread finds it; outlives
   // the clients.
   std::shared_ptr<transport::ProgressThread> progress;
+  // Allocated once the layout is known; the Python path's slots start empty
+  // and grow to the largest batch they were asked to hold. Outlives the
+  // daemons (~Impl).
+  LeasePool pool;
   std::vector<Daemon> daemons;
-  struct Slot {
-    std::shared_ptr<std::byte> memory;
-    std::byte* data = nullptr;
-    std::size_t capacity = 0;
-  };
-  // The pool, allocated once the layout is known; the Python path's slots
-  // start empty and grow to the largest batch they were asked to hold.
-  std::vector<Slot> slots;
-  std::vector<bool> slot_free;
-  std::vector<Slot> retired;  // see retire()
   std::map<std::uint64_t, Lease> leases;
   std::uint64_t epoch = 0, generation = 0, next = 0, next_lease = 1;
   std::uint64_t issued = 0, reissued = 0;
@@ -123,25 +102,7 @@ struct LeaseManager::Impl {
   std::vector<Position> positions;
   bool built = false;
 
-  ~Impl() {
-    daemons.clear();  // each client waits until no buffer of ours can be written
-    slots.clear();
-    retired.clear();
-  }
-
-  void allocate(Slot& s, std::size_t bytes) const {
-    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-    auto memory = opt.allocator ? opt.allocator(bytes) : page_locked_memory(bytes);
-    if (!memory) {
-      throw_error(Errc::kSystem, "LeaseManager: cannot allocate a " + std::to_string(bytes) + " byte batch buffer");
-    }
-    // Labels and lengths are int64s at offsets the layout aligns to 8.
-    if (reinterpret_cast<std::uintptr_t>(memory.get()) % kMinAlign != 0) {
-      throw_error(Errc::kInvalidArgument, "LeaseManager: the pool allocator returned memory aligned to less than " +
-                                              std::to_string(kMinAlign) + " bytes");
-    }
-    s = Slot{memory, memory.get(), bytes};
-  }
+  ~Impl() { daemons.clear(); }  // each client waits until no buffer of ours can be written
 
   bool python() const { return layout->dtype == protocol::Dtype::kPythonBlob; }
 
@@ -149,23 +110,8 @@ struct LeaseManager::Impl {
   void allocate_pool(const BatchLayout& l) {
     // The consumer holds up to two yielded batches (the one it works on and
     // the one it just asked for) besides the window.
-    std::vector<Slot> pool(opt.prefetch + 2);
-    if (l.dtype != protocol::Dtype::kPythonBlob) {
-      for (Slot& s : pool) allocate(s, l.batch_bytes);
-    }
-    slots = std::move(pool);
-    slot_free.assign(slots.size(), true);
-  }
-
-  // A Python batch's buffer, once its size is known (the slot is leased, so
-  // nothing else uses it).
-  void* grow(std::size_t slot, std::size_t bytes) {
-    Slot& s = slots[slot];
-    if (s.capacity < bytes) {
-      s = Slot{};  // before the new one: the pool holds at most one buffer per slot
-      allocate(s, bytes);
-    }
-    return s.data;
+    const bool blobs = l.dtype == protocol::Dtype::kPythonBlob;
+    pool.allocate(opt.prefetch + 2, blobs ? 0 : l.batch_bytes, opt.allocator);
   }
 
   void build() {
@@ -194,7 +140,7 @@ struct LeaseManager::Impl {
       }
     }
     for (auto& p : positions) {
-      if (p.state == PosState::kFilled) slot_free[p.slot] = true;
+      if (p.state == PosState::kFilled) pool.give_back(p.slot);
     }
     ++generation;
     epoch = new_epoch;
@@ -202,22 +148,6 @@ struct LeaseManager::Impl {
     if (opt.pacer) opt.pacer->set_step(position);
     built = false;
     build();
-  }
-
-  // A slot whose memory a dropped daemon may still write: that memory is set
-  // aside until the manager goes, and the slot gets memory of its own.
-  void retire(std::size_t slot) {
-    retired.push_back(slots[slot]);
-    slots[slot] = Slot{};
-    if (!python()) allocate(slots[slot], layout->batch_bytes);
-    slot_free[slot] = true;
-  }
-
-  std::optional<std::size_t> free_slot() const {
-    for (std::size_t i = 0; i < slot_free.size(); ++i) {
-      if (slot_free[i]) return i;
-    }
-    return std::nullopt;
   }
 
   std::optional<std::size_t> idle_daemon() const {
@@ -245,9 +175,9 @@ struct LeaseManager::Impl {
         continue;
       }
       if (alive) {
-        retire(it->second.slot);
+        pool.retire(it->second.slot);
       } else {
-        slot_free[it->second.slot] = true;
+        pool.give_back(it->second.slot);
       }
       if (it->second.generation == generation) {
         auto& p = positions[it->second.position];
@@ -265,16 +195,16 @@ struct LeaseManager::Impl {
     for (std::uint64_t pos = next; pos < end; ++pos) {
       if (positions[pos].state != PosState::kPending) continue;
       const auto d = idle_daemon();
-      const auto slot = free_slot();
+      const auto slot = pool.free_slot();
       if (!d || !slot) return;
       const std::uint64_t id = next_lease++;
       if (daemons[*d].client->in_flight() == 0) daemons[*d].silent_since = Clock::now();
       try {
         if (python()) {
           daemons[*d].client->produce(id, epoch, pos, batches[pos],
-                                      [this, slot = *slot](std::size_t bytes) { return grow(slot, bytes); });
+                                      [this, slot = *slot](std::size_t bytes) { return pool.grow(slot, bytes); });
         } else {
-          daemons[*d].client->produce(id, epoch, pos, batches[pos], slots[*slot].data, layout->batch_bytes);
+          daemons[*d].client->produce(id, epoch, pos, batches[pos], pool.data(*slot), layout->batch_bytes);
         }
       } catch (const Error& e) {
         if (e.code() != Errc::kPeerDead) throw;
@@ -282,7 +212,7 @@ struct LeaseManager::Impl {
         --pos;  // lease this position to another daemon
         continue;
       }
-      slot_free[*slot] = false;
+      pool.take(*slot);
       leases[id] = Lease{*d, generation, pos, *slot, Clock::now()};
       positions[pos].state = PosState::kLeased;
       positions[pos].lease = id;
@@ -315,7 +245,7 @@ struct LeaseManager::Impl {
       p->landed = Clock::now();
       return;
     }
-    slot_free[l.slot] = true;  // a duplicate, a cancellation or a failure: the buffer is unused
+    pool.give_back(l.slot);  // a duplicate, a cancellation or a failure: the buffer is unused
     if (c.status == Completion::Status::kFailed && open) {
       if (c.error_code == protocol::ErrorCode::kSample) {
         throw BatchSampleError("offload: batch " + std::to_string(l.position) + " failed: " + c.error);
@@ -545,10 +475,10 @@ std::optional<Batch> LeaseManager::next(const std::function<void()>& while_waiti
       b.count = p.done.count;
       b.slot = p.slot;
       b.bytes = p.done.bytes;
-      b.images = m.slots[p.slot].data;
-      b.labels = m.python() ? nullptr : reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->labels_offset);
+      b.images = m.pool.data(p.slot);
+      b.labels = m.python() ? nullptr : reinterpret_cast<std::int64_t*>(b.images + m.layout->labels_offset);
       if (!m.python() && m.layout->lengths_offset != 0) {
-        b.lengths = reinterpret_cast<std::int64_t*>(m.slots[p.slot].data + m.layout->lengths_offset);
+        b.lengths = reinterpret_cast<std::int64_t*>(b.images + m.layout->lengths_offset);
       }
       b.indices = m.batches[b.position];
       for (const auto& s : p.done.skipped) b.skipped.push_back(s.index);
@@ -582,10 +512,10 @@ std::optional<Batch> LeaseManager::next(const std::function<void()>& while_waiti
 void LeaseManager::close() { impl_->daemons.clear(); }
 
 void LeaseManager::release(std::size_t slot) {
-  if (slot >= impl_->slot_free.size() || impl_->slot_free[slot]) {
+  if (!impl_->pool.in_use(slot)) {
     throw_error(Errc::kInvalidArgument, "LeaseManager::release: slot " + std::to_string(slot) + " is not in use");
   }
-  impl_->slot_free[slot] = true;
+  impl_->pool.give_back(slot);
 }
 
 Cursor LeaseManager::state() const {

@@ -142,7 +142,7 @@ class Server {
   std::size_t held_leases() const;
   std::string open_leases_text() const;
 
-  // session.cpp: what the frames mean.
+  // server_messages.cpp: what the frames mean.
   void on_frame(Conn& c, protocol::Frame frame);
   void on_hello(Conn& c, const protocol::Frame& frame);
   void on_configure(Conn& c, const protocol::Configure& m);

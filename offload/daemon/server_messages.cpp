@@ -1,4 +1,5 @@
-// What the frames of an authenticated (or authenticating) connection mean.
+// Server: what each frame of an authenticated (or authenticating) connection
+// means, and the replies it makes (the event loop is server.cpp).
 #include <sys/uio.h>
 
 #include <cerrno>

@@ -47,7 +47,7 @@ def main() -> None:
             "normalize": {"mean": [0.45] * 3, "std": [0.225] * 3}, "output": "float32"}
     loader = OffloadLoader(args.data, spec, args.batch_size, shuffle=True, seed=0, drop_last=True,
                            offloaders=[a for a in args.offloaders.split(",") if a])
-    classes = len(__import__("dlop._C", fromlist=["offload"]).offload.open_source(args.data, "video").classes)
+    classes = len(__import__("dlop._C", fromlist=["media"]).media.open_source(args.data, "video").classes)
     model = DDP(model_for(classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

@@ -31,7 +31,7 @@ void set_python_error(Errc code, const char* message) {
 void translate(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
-  } catch (const offload::SampleError& e) {
+  } catch (const media::SampleError& e) {
     set_python_error(errors_module().attr("SampleError"), e.what());
   } catch (const offload::BatchSampleError& e) {
     set_python_error(errors_module().attr("SampleError"), e.what());

@@ -1,7 +1,7 @@
-// dlop._C.offload, the parts every media kind shares: batch makers (the
-// "image", "video" and "audio" specs) and the audio steps, each callable on
-// its own so tests can check it against a reference. numpy in and out; the
-// heavy calls release the GIL.
+// dlop._C.media: sources and `dlop pack`, batch makers (the "image", "video"
+// and "audio" specs) and the audio steps, each callable on its own so tests
+// can check it against a reference. numpy in and out; the heavy calls release
+// the GIL. The image steps join it from image_bindings.cpp.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -19,7 +19,7 @@ namespace py = pybind11;
 namespace dlop::python {
 namespace {
 
-using namespace dlop::offload;
+using namespace dlop::media;
 
 py::dict layout_dict(const SampleLayout& l) {
   py::dict d;
@@ -28,6 +28,69 @@ py::dict layout_dict(const SampleLayout& l) {
   d["label_width"] = l.label_width;
   d["lengths"] = l.lengths;
   return d;
+}
+
+MediaKind media_kind(const std::string& kind) {
+  if (kind == "image") return MediaKind::kImage;
+  if (kind == "video") return MediaKind::kVideo;
+  if (kind == "audio") return MediaKind::kAudio;
+  throw py::value_error("kind must be \"image\", \"video\" or \"audio\", not \"" + kind + "\"");
+}
+
+void bind_sources(py::module_& m) {
+  py::class_<Source, std::shared_ptr<Source>>(m, "Source", "a folder by class, a manifest or a record file (open_source)")
+      .def("__len__", &Source::size)
+      .def_property_readonly("classes", &Source::classes)
+      .def("label", &Source::label, py::arg("index"))
+      .def("name", &Source::name, py::arg("index"))
+      .def_property_readonly("multi_label", &Source::multi_label)
+      .def("labels", &Source::labels, py::arg("index"))
+      .def_property_readonly("shard_sizes", &Source::shard_sizes,
+                             "samples per shard, in index order (tar shards); [] for other sources")
+      .def(
+          "time_span", [](const Source& s, std::size_t i) { return py::make_tuple(s.time_span(i).start, s.time_span(i).end); },
+          py::arg("index"), "(start, end) seconds; end < 0: to the end")
+      .def(
+          "read",
+          [](const Source& s, std::size_t i) {
+            std::vector<std::uint8_t> scratch;
+            std::span<const std::uint8_t> bytes;
+            {
+              py::gil_scoped_release release;
+              bytes = s.read(i, scratch);
+            }
+            return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          },
+          py::arg("index"), "the sample's encoded bytes");
+  m.def(
+      // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
+      // pybind11 without stl/filesystem.h.
+      "open_source",
+      [](const std::string& p, const std::string& kind) {
+        const MediaKind k = media_kind(kind);
+        py::gil_scoped_release release;  // a remote source may wait out a store's outage
+        return std::shared_ptr<Source>(open_source(p, k));
+      },
+      py::arg("path"), py::arg("kind") = "image",
+      "a folder opens as a folder by class of that kind (torchvision's order and labels), a .csv or .jsonl file as "
+      "a manifest, any other file, or an s3:// or http(s):// URL, as a record file");
+  m.def(
+      "pack",
+      [](const std::string& root, const std::string& out, const std::string& kind) {
+        const MediaKind k = media_kind(kind);
+        PackStats s;
+        {
+          py::gil_scoped_release release;
+          s = pack_path(root, out, k);
+        }
+        py::dict d;
+        d["records"] = s.records;
+        d["classes"] = s.classes;
+        d["bytes"] = s.bytes;
+        return d;
+      },
+      py::arg("root"), py::arg("out"), py::arg("kind") = "image",
+      "dlop pack: a folder by class of that kind, or a manifest, into one checksummed record file");
 }
 
 void bind_batch_maker(py::module_& m) {
@@ -175,7 +238,11 @@ void bind_audio(py::module_& m) {
 }  // namespace
 
 void bind_media(py::module_& root) {
-  py::module_ m = root.attr("offload").cast<py::module_>();
+  py::module_ m = root.def_submodule("media", "the native media pipelines (sources, batch makers, image and audio steps)");
+  // A bad sample is a ValueError subclass, so callers can catch just those
+  // (raised as such by error_bindings.cpp).
+  m.attr("SampleError") = py::module_::import("dlop.errors").attr("SampleError");
+  bind_sources(m);
   bind_batch_maker(m);
 #if DLOP_HAVE_MEDIA
   bind_audio(m);

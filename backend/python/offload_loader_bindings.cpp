@@ -98,7 +98,7 @@ py::object batch_tuple(const std::shared_ptr<LeaseManager>& m, const Batch& b) {
 }  // namespace
 
 void bind_offload_loader(py::module_& root) {
-  // bind_offload made the submodule; these classes join it.
+  // module.cpp made the submodule; these classes join it.
   py::module_ m = root.attr("offload").cast<py::module_>();
   // The span each busy fraction a loader reports covers (dlop.scaling.controller waits it out).
   m.attr("BUSY_WINDOW_SECONDS") = static_cast<double>(protocol::BatchReady::kBusyWindow.count());

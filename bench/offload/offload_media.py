@@ -459,7 +459,7 @@ def cross_check(data: str, clips: int) -> dict:
         return {"skipped": why}
     from torchcodec.decoders import VideoDecoder
 
-    source = _C.offload.open_source(data, "video")
+    source = _C.media.open_source(data, "video")
     picks = sorted({round(k * len(source) / clips) for k in range(min(clips, len(source)))})
     stats = {"clips": 0, "frames": 0, "pixels": 0, "equal": 0, "max_abs_diff": 0, "abs_diff_sum": 0,
              "native_vs_ffmpeg_bitexact_equal": 0, "torchcodec_vs_ffmpeg_default_equal": 0, "fast_equal": 0}
@@ -469,12 +469,12 @@ def cross_check(data: str, clips: int) -> dict:
         count, h, w = decoder.metadata.num_frames, decoder.metadata.height, decoder.metadata.width
         spec = {"kind": "video", "frames": min(FRAMES, count), "stride": 1 if count < (FRAMES - 1) * STRIDE + 1
                 else STRIDE, "views": 1, "start": "uniform", "crop": [h, w], "crop_position": "center"}
-        maker = _C.offload.BatchMaker(json.dumps(spec))
+        maker = _C.media.BatchMaker(json.dumps(spec))
         span = (spec["frames"] - 1) * spec["stride"] + 1
         positions = [(count - span) // 2 + t * spec["stride"] for t in range(spec["frames"])]
         native = maker.run_batch(source, [index], seed=0, epoch=0, threads=1)[0][0, 0]  # C x T x H x W
         native = np.ascontiguousarray(native.transpose(1, 2, 3, 0))  # T x H x W x C, as torchcodec's NHWC
-        fast = _C.offload.BatchMaker(json.dumps({**spec, "rgb": "fast"})).run_batch(source, [index], threads=1)[0][0, 0]
+        fast = _C.media.BatchMaker(json.dumps({**spec, "rgb": "fast"})).run_batch(source, [index], threads=1)[0][0, 0]
         fast = np.ascontiguousarray(fast.transpose(1, 2, 3, 0))
         theirs = decoder.get_frames_at(positions).data.numpy()
         stats["fast_equal"] += int((fast == theirs).sum())
@@ -598,7 +598,7 @@ def main(argv=None) -> int:
                 from dlop import _C
 
                 # The native pipeline's own mel matrix, so both compute the same features.
-                filters = torch.from_numpy(_C.offload.audio.mel_filter_bank(json.dumps(spec)))
+                filters = torch.from_numpy(_C.media.audio.mel_filter_bank(json.dumps(spec)))
             row.update(run_dataloader(args, SoundfileFeatures(files, filters), pad_collate, batches, unit))
         rows.append(row)
     return finish(args.json, header, rows, print_ratios)

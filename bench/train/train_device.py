@@ -202,7 +202,7 @@ def offload_path(args, spec_probe: dict) -> str:
     spec = {"image": data.image_spec(args.size), "video": data.video_spec(args.clip),
             "audio": data.audio_spec(args.audio_seconds)}[args.kind]
     try:
-        _C.offload.BatchMaker(json.dumps(spec))
+        _C.media.BatchMaker(json.dumps(spec))
         return "native"
     except Exception as e:  # a build without FFmpeg or the audio libraries refuses the kind
         spec_probe["offload_native_missing"] = str(e).splitlines()[0]

@@ -223,8 +223,8 @@ class NativeLocal:
 
         from dlop import _C
 
-        self.maker = _C.offload.BatchMaker(json.dumps(spec))
-        self.source = _C.offload.open_source(source, self.maker.kind)
+        self.maker = _C.media.BatchMaker(json.dumps(spec))
+        self.source = _C.media.open_source(source, self.maker.kind)
         self.plan = _C.offload.EpochPlan(len(self.source), batch, seed, True, True, 0, 1, [])
         self.threads, self.seed, self.epoch = max(1, threads), seed, 0
 

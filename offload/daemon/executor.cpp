@@ -158,13 +158,13 @@ JobResult Executor::execute(Job job, Staging& staging) {
       staging = Staging{std::make_unique_for_overwrite<std::byte[]>(d.layout.batch_bytes), d.layout.batch_bytes};
     }
     std::byte* base = staging.data.get();
-    const BatchOut out{{base, n * d.layout.sample_bytes},
+    const media::BatchOut out{{base, n * d.layout.sample_bytes},
                        {reinterpret_cast<std::int64_t*>(base + d.layout.labels_offset), n * d.layout.label_width},
                        d.layout.lengths_offset != 0
                            ? std::span<std::int64_t>(reinterpret_cast<std::int64_t*>(base + d.layout.lengths_offset), n)
                            : std::span<std::int64_t>()};
     const auto start = Clock::now();
-    BatchResult b = [&] {
+    media::BatchResult b = [&] {
       const BusyMeter::Scope busy(stats_.busy, stats_.busy.capacity());  // a native batch holds the whole pool
       return d.maker->run_batch(*d.source, r.job.indices, d.seed, r.job.epoch, out, &pool_);
     }();
@@ -181,7 +181,7 @@ JobResult Executor::execute(Job job, Staging& staging) {
     r.bytes = d.layout.bytes_for(b.count);
     r.ready.bytes = r.bytes;
     r.staging = std::move(staging);
-  } catch (const SampleError& e) {
+  } catch (const media::SampleError& e) {
     fail(protocol::ErrorCode::kSample, e.what());
   } catch (const Error& e) {
     fail(e.code() == Errc::kInvalidArgument ? protocol::ErrorCode::kInvalidArgument : protocol::ErrorCode::kInternal,

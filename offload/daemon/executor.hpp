@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/protocol_messages.hpp"
 #include "stats.hpp"
@@ -25,8 +25,8 @@ namespace dlop::offload::daemon {
 
 // What one CONFIGURE set up; shared by the connection and its jobs.
 struct Dataset {
-  std::shared_ptr<const Source> source;  // native only
-  std::shared_ptr<const BatchMaker> maker;  // native only
+  std::shared_ptr<const media::Source> source;  // native only
+  std::shared_ptr<const media::BatchMaker> maker;  // native only
   bool python = false;                   // the generic Python path: batches are blobs of varying size
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;
@@ -104,7 +104,7 @@ class Executor {
 
   DaemonStats& stats_;
   std::function<void()> wake_;
-  WorkerPool pool_;
+  media::WorkerPool pool_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

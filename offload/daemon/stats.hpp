@@ -34,7 +34,7 @@ struct StageCounter {
 };
 
 struct DaemonStats {
-  // Stages, as Pipeline::run_batch times them per sample (seconds summed
+  // Stages, as ImagePipeline::run_batch times them per sample (seconds summed
   // over the compute threads, so items / seconds is the rate per thread).
   StageCounter read;     // samples read; encoded bytes (the Python path: what its workers read, untimed)
   StageCounter decode;   // samples decoded; what they decoded to (RGB bytes, float audio samples)

@@ -10,9 +10,10 @@
 #include <numbers>
 
 #include "media/audio.hpp"
+#include "source/concrete_sources.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 namespace fs = std::filesystem;
@@ -91,4 +92,4 @@ TEST(AudioBatch, EdgeSizesFillTheirLengthsAndPadWithZeros) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -14,9 +14,10 @@
 
 #include "core/error.hpp"
 #include "media/source.hpp"
+#include "source/concrete_sources.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 // A ustar archive written by hand: the tar format is the input under test.
@@ -134,4 +135,4 @@ TEST_F(BatchReadsTest, SamplesOutsideTheBatchAndOutOfRangeGoToTheSource) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -9,7 +9,7 @@
 #include "media/ops.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using test::make_image;
@@ -232,4 +232,4 @@ TEST(Codec, RegionDecodeStillFindsTruncationBelowTheBox) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -10,9 +10,10 @@
 #include "core/error.hpp"
 #include "media/object_store.hpp"
 #include "media/source.hpp"
+#include "source/concrete_sources.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using test::TempDir;
@@ -122,4 +123,4 @@ TEST(ShardList, BracesAndColonsExpandInOrder) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

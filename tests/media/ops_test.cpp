@@ -8,7 +8,7 @@
 #include "media/ops.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using test::make_image;
@@ -194,4 +194,4 @@ TEST(Layout, ChwOutputsMatchTheFormula) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -10,10 +10,10 @@
 
 #include "media/codec.hpp"
 #include "media/ops.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using test::make_image;
@@ -39,9 +39,9 @@ TEST(Random, DrawsDependOnlyOnTheKey) {
   for (const int c : counts) EXPECT_NEAR(c, 10000, 1000);
 }
 
-TEST(Pipeline, SameKeySameBytesFromAnyThread) {
+TEST(ImagePipeline, SameKeySameBytesFromAnyThread) {
   const auto jpeg = encode_jpeg(make_image(300, 400, 1), 90);
-  const Pipeline p = Pipeline::from_json(kTrain);
+  const ImagePipeline p = ImagePipeline::from_json(kTrain);
   std::vector<Tensor> reference;
   for (std::uint64_t i = 0; i < 16; ++i) reference.push_back(p.run(jpeg, SampleKey{5, 3, i}));
   // Different indices give different crops (else the check below proves little).
@@ -65,10 +65,10 @@ TEST(Pipeline, SameKeySameBytesFromAnyThread) {
   }
 }
 
-TEST(Pipeline, RunEqualsTheOpsComposedByHand) {
+TEST(ImagePipeline, RunEqualsTheOpsComposedByHand) {
   const Image img = make_image(120, 90, 2);
   const auto png = encode_png(img);
-  const Pipeline p = Pipeline::from_json(R"({"ops": [
+  const ImagePipeline p = ImagePipeline::from_json(R"({"ops": [
       {"op": "resize", "size": 50}, {"op": "center_crop", "size": [40, 48]}, {"op": "hflip", "p": 1.0}],
       "output": "uint8"})");
   const Tensor t = p.run(png, SampleKey{});
@@ -101,9 +101,9 @@ MemorySource make_source(std::size_t n) {
   return s;
 }
 
-TEST(Pipeline, BatchEqualsSamplesOneByOneWithAnyThreadCount) {
+TEST(ImagePipeline, BatchEqualsSamplesOneByOneWithAnyThreadCount) {
   const MemorySource src = make_source(12);
-  const Pipeline p = Pipeline::from_json(kTrain);
+  const ImagePipeline p = ImagePipeline::from_json(kTrain);
   const std::vector<std::uint64_t> indices{11, 3, 3, 0, 7, 5, 9, 1};
   const std::size_t bytes = 3 * 64 * 64 * 4;
   for (const std::size_t threads : {1u, 3u}) {
@@ -124,12 +124,12 @@ TEST(Pipeline, BatchEqualsSamplesOneByOneWithAnyThreadCount) {
   }
 }
 
-TEST(Pipeline, SkipPolicyCountsBadSamplesAndKeepsTheOthersInOrder) {
+TEST(ImagePipeline, SkipPolicyCountsBadSamplesAndKeepsTheOthersInOrder) {
   MemorySource src = make_source(6);
   src.samples[1].clear();                                  // zero bytes
   src.samples[4].resize(src.samples[4].size() / 2);        // truncated
   const std::string spec = R"({"ops": [{"op": "center_crop", "size": 32}], "output": "uint8", "on_error": "skip"})";
-  const Pipeline p = Pipeline::from_json(spec);
+  const ImagePipeline p = ImagePipeline::from_json(spec);
   const std::vector<std::uint64_t> indices{0, 1, 2, 3, 4, 5};
   std::vector<std::byte> images(6 * 3 * 32 * 32);
   std::vector<std::int64_t> labels(6, -1);
@@ -151,30 +151,30 @@ TEST(Pipeline, SkipPolicyCountsBadSamplesAndKeepsTheOthersInOrder) {
 
 // The spec's load_truncated_images reaches the decoder, for the crop that
 // decodes a region as for a whole decode.
-TEST(Pipeline, LoadTruncatedImagesDecodesACutJpegInABatch) {
+TEST(ImagePipeline, LoadTruncatedImagesDecodesACutJpegInABatch) {
   MemorySource src = make_source(3);
   src.samples[1].resize(src.samples[1].size() * 2 / 3);
   for (const char* ops : {R"([{"op": "center_crop", "size": 32}])", R"([{"op": "random_resized_crop", "size": 32}])"}) {
     const std::string spec = fmt::format(R"({{"ops": {}, "output": "uint8", "load_truncated_images": true}})", ops);
-    const Pipeline p = Pipeline::from_json(spec);
+    const ImagePipeline p = ImagePipeline::from_json(spec);
     std::vector<std::byte> images(3 * 3 * 32 * 32);
     std::vector<std::int64_t> labels(3, -1);
     const std::vector<std::uint64_t> indices{0, 1, 2};
     const BatchResult r = p.run_batch(src, indices, 0, 0, images, labels, nullptr);
     EXPECT_EQ(r.count, 3u) << ops;
     EXPECT_TRUE(r.skipped.empty()) << ops;
-    EXPECT_THROW(Pipeline::from_json(fmt::format(R"({{"ops": {}, "output": "uint8"}})", ops))
+    EXPECT_THROW(ImagePipeline::from_json(fmt::format(R"({{"ops": {}, "output": "uint8"}})", ops))
                      .run(src.samples[1], SampleKey{0, 0, 1}),
                  SampleError)
         << ops;
   }
 }
 
-TEST(Pipeline, RaisePolicyThrowsTheFirstBadSampleInIndexOrder) {
+TEST(ImagePipeline, RaisePolicyThrowsTheFirstBadSampleInIndexOrder) {
   MemorySource src = make_source(5);
   src.samples[3].assign(100, 0x42);
   src.samples[2].clear();
-  const Pipeline p = Pipeline::from_json(R"({"ops": [{"op": "center_crop", "size": 16}], "output": "uint8"})");
+  const ImagePipeline p = ImagePipeline::from_json(R"({"ops": [{"op": "center_crop", "size": 16}], "output": "uint8"})");
   const std::vector<std::uint64_t> indices{0, 3, 1, 2};
   std::vector<std::byte> images(4 * 3 * 16 * 16);
   std::vector<std::int64_t> labels(4);
@@ -188,18 +188,18 @@ TEST(Pipeline, RaisePolicyThrowsTheFirstBadSampleInIndexOrder) {
   }
 }
 
-TEST(Pipeline, BatchArgumentErrors) {
+TEST(ImagePipeline, BatchArgumentErrors) {
   const MemorySource src = make_source(2);
   std::vector<std::byte> images(10);
   std::vector<std::int64_t> labels(2);
   const std::vector<std::uint64_t> two{0, 1}, out_of_range{2};
-  EXPECT_THROW(Pipeline::from_json(R"({"ops": [{"op": "resize", "size": 8}]})").run_batch(src, two, 0, 0, images, labels),
+  EXPECT_THROW(ImagePipeline::from_json(R"({"ops": [{"op": "resize", "size": 8}]})").run_batch(src, two, 0, 0, images, labels),
                Error);  // no fixed shape
-  const Pipeline p = Pipeline::from_json(R"({"ops": [{"op": "center_crop", "size": 8}]})");
+  const ImagePipeline p = ImagePipeline::from_json(R"({"ops": [{"op": "center_crop", "size": 8}]})");
   EXPECT_THROW(p.run_batch(src, two, 0, 0, images, labels), Error);  // buffer too small
   images.resize(3 * 8 * 8 * 4 * 2);
   EXPECT_THROW(p.run_batch(src, out_of_range, 0, 0, images, labels), Error);
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

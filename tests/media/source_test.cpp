@@ -12,9 +12,10 @@
 
 #include "media/codec.hpp"
 #include "media/source.hpp"
+#include "source/concrete_sources.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 namespace fs = std::filesystem;
@@ -218,4 +219,4 @@ TEST(RecordFile, DamagedFilesFailCleanly) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

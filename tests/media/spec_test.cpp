@@ -2,10 +2,10 @@
 // is an error that says where it is.
 #include <gtest/gtest.h>
 
-#include "media/pipeline.hpp"
-#include "media/spec.hpp"
+#include "media/image_pipeline.hpp"
+#include "media/image_spec.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 constexpr const char* kImagenet = R"({
@@ -28,7 +28,7 @@ TEST(Spec, ParsesAndRoundTrips) {
   const TransformSpec again = TransformSpec::from_json(spec.to_json());
   EXPECT_EQ(again.to_json(), spec.to_json());
   EXPECT_EQ(std::get<NormalizeOp>(again.ops[2]).mean, std::get<NormalizeOp>(spec.ops[2]).mean);
-  EXPECT_EQ(Pipeline(again).fixed_shape(), (Shape{3, 224, 224}));
+  EXPECT_EQ(ImagePipeline(again).fixed_shape(), (Shape{3, 224, 224}));
 }
 
 TEST(Spec, DefaultsAndShapes) {
@@ -36,12 +36,12 @@ TEST(Spec, DefaultsAndShapes) {
   EXPECT_EQ(spec.output, OutputType::kFloat32);
   EXPECT_EQ(spec.on_error, ErrorPolicy::kRaise);
   EXPECT_EQ(std::get<ResizeOp>(spec.ops[0]).shorter, 256);
-  EXPECT_FALSE(Pipeline(spec).fixed_shape().has_value());  // depends on the input's aspect
-  const auto eval = Pipeline::from_json(
+  EXPECT_FALSE(ImagePipeline(spec).fixed_shape().has_value());  // depends on the input's aspect
+  const auto eval = ImagePipeline::from_json(
       R"({"ops": [{"op": "resize", "size": 256}, {"op": "center_crop", "size": [224, 200]}], "output": "uint8"})");
   EXPECT_EQ(eval.fixed_shape(), (Shape{3, 224, 200}));
   EXPECT_EQ(eval.element_size(), 1u);
-  EXPECT_EQ(Pipeline::from_json(R"({"ops": [{"op": "resize", "size": [32, 48]}]})").fixed_shape(), (Shape{3, 32, 48}));
+  EXPECT_EQ(ImagePipeline::from_json(R"({"ops": [{"op": "resize", "size": [32, 48]}]})").fixed_shape(), (Shape{3, 32, 48}));
 }
 
 // Written only when set, so a daemon that predates the key reads every spec
@@ -126,13 +126,13 @@ TEST(Spec, EveryOpOfTheTableParsesAndIsListed) {
   EXPECT_EQ(std::get<RandomResizedCropOp>(spec.ops[2]).ratio, (std::array<double, 2>{0.5, 2.0}));
   EXPECT_EQ(std::get<HFlipOp>(spec.ops[3]).p, 0.25);
   EXPECT_EQ(std::get<NormalizeOp>(spec.ops[4]).std, (std::array<float, 3>{4, 5, 6}));
-  EXPECT_EQ(Pipeline(spec).fixed_shape(), (Shape{3, 16, 12}));
+  EXPECT_EQ(ImagePipeline(spec).fixed_shape(), (Shape{3, 16, 12}));
 }
 
 TEST(Spec, ValidateChecksSpecsBuiltInCpp) {
   TransformSpec spec;
   spec.ops.push_back(HFlipOp{2.0});
-  EXPECT_THROW(Pipeline{spec}, Error);
+  EXPECT_THROW(ImagePipeline{spec}, Error);
   spec.ops = {ResizeOp{}};  // neither size nor shorter
   EXPECT_THROW(spec.validate(), Error);
   spec.ops = {CenterCropOp{{0, 8}}};
@@ -146,4 +146,4 @@ TEST(Spec, ValidateChecksSpecsBuiltInCpp) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -12,7 +12,7 @@
 
 #include "media/image.hpp"
 
-namespace dlop::offload::test {
+namespace dlop::media::test {
 
 // Gradients, a disc and noise: smooth enough to compress, busy enough that
 // resizing and cropping errors show.
@@ -66,4 +66,4 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-}  // namespace dlop::offload::test
+}  // namespace dlop::media::test

@@ -21,7 +21,7 @@
 #include "media/video.hpp"
 #include "test_data.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 namespace fs = std::filesystem;
@@ -646,4 +646,4 @@ TEST(VideoSpec, RejectsBadFieldsByName) {
 }
 
 }  // namespace
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -13,7 +13,7 @@
 
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/offload_client.hpp"
 #include "transport/progress_thread.hpp"
@@ -94,7 +94,7 @@ class NamespacePair {
     if (!c || c->status != Completion::Status::kReady || c->count != idx.size()) ::_exit(11);
     std::vector<std::byte> images(idx.size() * layout.sample_bytes);
     std::vector<std::int64_t> labels(idx.size());
-    Pipeline::from_json(spec).run_batch(ImageFolder(folder), idx, 7, 2, images, labels);
+    media::ImagePipeline::from_json(spec).run_batch(*media::open_source(folder), idx, 7, 2, images, labels);
     const bool same = std::memcmp(buf.data(), images.data(), images.size()) == 0 &&
                       std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8) == 0;
     ::_exit(same ? 0 : 12);
@@ -111,7 +111,7 @@ TEST(OffloadBackgroundProgress, BatchLandsFromAnotherHostWhileTheTrainerSleeps) 
   test::TempDir data;
   for (int i = 0; i < 5; ++i) {
     test::write_file(data.path() / ("c" + std::to_string(i % 2)) / ("i" + std::to_string(i) + ".jpg"),
-                     encode_jpeg(test::make_image(70 + i, 90, static_cast<std::uint32_t>(i)), 90));
+                     media::encode_jpeg(test::make_image(70 + i, 90, static_cast<std::uint32_t>(i)), 90));
   }
   // Big enough for UCX's rendezvous (which needs the receiver's progress).
   const char* spec = R"({"ops": [{"op": "random_resized_crop", "size": 64},

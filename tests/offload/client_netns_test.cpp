@@ -9,7 +9,7 @@
 #include "common/netns.hpp"
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/offload_client.hpp"
 
@@ -38,7 +38,7 @@ using namespace std::chrono_literals;
     if (!c || c->status != Completion::Status::kReady || c->count != idx.size()) ::_exit(11);
     std::vector<std::byte> images(idx.size() * layout.sample_bytes);
     std::vector<std::int64_t> labels(idx.size());
-    Pipeline::from_json(spec).run_batch(ImageFolder(folder), idx, 11, 4, images, labels);
+    media::ImagePipeline::from_json(spec).run_batch(*media::open_source(folder), idx, 11, 4, images, labels);
     const bool same = std::memcmp(buf.data(), images.data(), images.size()) == 0 &&
                       std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8) == 0;
     ::_exit(same ? 0 : 12);
@@ -55,7 +55,7 @@ TEST(OffloadNetns, BatchCrossesRealTcpBetweenNamespaces) {
   test::TempDir data;
   for (int i = 0; i < 6; ++i) {
     test::write_file(data.path() / ("c" + std::to_string(i % 2)) / ("i" + std::to_string(i) + ".jpg"),
-                     encode_jpeg(test::make_image(60 + i, 80, static_cast<std::uint32_t>(i)), 90));
+                     media::encode_jpeg(test::make_image(60 + i, 80, static_cast<std::uint32_t>(i)), 90));
   }
   const char* spec = R"({"ops": [{"op": "random_resized_crop", "size": 48}, {"op": "hflip"}]})";
   test::DaemonProcess d(1, {}, {"UCX_TLS=tcp"}, hosts.address(0) + ":0", {"/usr/sbin/ip", "netns", "exec", hosts.name(0)});

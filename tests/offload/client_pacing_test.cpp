@@ -15,7 +15,7 @@
 
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/lease_manager.hpp"
 #include "offload/offload_client.hpp"
@@ -83,7 +83,7 @@ constexpr const char* kSpec = R"({"ops": [{"op": "random_resized_crop", "size": 
 void write_images(const test::TempDir& data, int n) {
   for (int i = 0; i < n; ++i) {
     test::write_file(data.path() / ("c" + std::to_string(i % 2)) / ("i" + std::to_string(i) + ".jpg"),
-                     encode_jpeg(test::make_image(70 + i, 90, static_cast<std::uint32_t>(i)), 90));
+                     media::encode_jpeg(test::make_image(70 + i, 90, static_cast<std::uint32_t>(i)), 90));
   }
 }
 
@@ -142,7 +142,7 @@ TEST_F(PacedClient, ABatchMovesOnlyOnceGrantedThenLandsWithoutTheConsumer) {
   ASSERT_TRUE(c && c->status == Completion::Status::kReady);
   std::vector<std::byte> images(idx.size() * layout.sample_bytes);
   std::vector<std::int64_t> labels(idx.size());
-  Pipeline::from_json(kSpec).run_batch(ImageFolder(data.path().string()), idx, 7, 2, images, labels);
+  media::ImagePipeline::from_json(kSpec).run_batch(*media::open_source(data.path().string()), idx, 7, 2, images, labels);
   EXPECT_EQ(std::memcmp(buf.data(), images.data(), images.size()), 0);
   EXPECT_EQ(std::memcmp(buf.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
 }
@@ -205,7 +205,7 @@ TEST_F(PacedClient, ABatchInPiecesMovesOnlyThePiecesGranted) {
   EXPECT_FALSE(client.landed(9));
   std::vector<std::byte> images(idx.size() * layout.sample_bytes);
   std::vector<std::int64_t> labels(idx.size());
-  Pipeline::from_json(kSpec).run_batch(ImageFolder(data.path().string()), idx, 7, 2, images, labels);
+  media::ImagePipeline::from_json(kSpec).run_batch(*media::open_source(data.path().string()), idx, 7, 2, images, labels);
   EXPECT_EQ(std::memcmp(buf.data(), images.data(), kPiece), 0) << "the granted piece did not land";
   EXPECT_TRUE(std::all_of(buf.begin() + kPiece, buf.end(), [](std::byte b) { return b == std::byte{0xab}; }))
       << "bytes past the granted piece moved";

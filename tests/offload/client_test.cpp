@@ -13,7 +13,7 @@
 #include "core/process.hpp"
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/offload_client.hpp"
 #include "transport/ucx_worker.hpp"
@@ -40,12 +40,12 @@ std::string spec(const char* policy = "raise") {
 void make_folder(const std::filesystem::path& root) {
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 6; ++i) {
-      const Image img = test::make_image(40 + 7 * i, 50 + 5 * c, static_cast<std::uint32_t>(c * 10 + i));
+      const media::Image img = test::make_image(40 + 7 * i, 50 + 5 * c, static_cast<std::uint32_t>(c * 10 + i));
       const auto dir = root / ("class" + std::to_string(c));
       if (i % 3 == 2) {
-        test::write_file(dir / ("img" + std::to_string(i) + ".png"), encode_png(img));
+        test::write_file(dir / ("img" + std::to_string(i) + ".png"), media::encode_png(img));
       } else {
-        test::write_file(dir / ("img" + std::to_string(i) + ".jpg"), encode_jpeg(img, 85));
+        test::write_file(dir / ("img" + std::to_string(i) + ".jpg"), media::encode_jpeg(img, 85));
       }
     }
   }
@@ -57,13 +57,13 @@ struct Buffer {
 };
 
 // What the daemon must have sent: the pipeline run here on the same source.
-void expect_batch_equals_local(const Buffer& got, const BatchLayout& layout, const Source& source,
+void expect_batch_equals_local(const Buffer& got, const BatchLayout& layout, const media::Source& source,
                                const std::vector<std::uint64_t>& indices, std::uint64_t seed, std::uint64_t epoch,
                                const Completion& c) {
-  const Pipeline p = Pipeline::from_json(spec());
+  const media::ImagePipeline p = media::ImagePipeline::from_json(spec());
   std::vector<std::byte> images(indices.size() * layout.sample_bytes);
   std::vector<std::int64_t> labels(indices.size());
-  const BatchResult local = p.run_batch(source, indices, seed, epoch, images, labels);
+  const media::BatchResult local = p.run_batch(source, indices, seed, epoch, images, labels);
   ASSERT_EQ(c.status, Completion::Status::kReady) << c.error;
   ASSERT_EQ(c.count, local.count);
   EXPECT_EQ(std::memcmp(got.bytes.data(), images.data(), local.count * layout.sample_bytes), 0)
@@ -109,14 +109,14 @@ TEST_P(OffloadClientPathTest, BatchesAreBitIdenticalToTheLocalPipeline) {
     client.produce(100 + b, /*epoch=*/3, /*batch=*/b, batches[b], buffers[b].bytes.data(), layout.batch_bytes);
   }
   EXPECT_EQ(client.in_flight(), 3u);
-  const ImageFolder local(folder());
+  const std::unique_ptr<media::Source> local = media::open_source(folder());
   for (std::size_t k = 0; k < batches.size(); ++k) {
     const Completion c = wait_one(client);
     ASSERT_GE(c.lease, 100u);
     const std::size_t b = c.lease - 100;
     EXPECT_EQ(c.batch, b);
     EXPECT_EQ(c.bytes, layout.labels_offset + batches[b].size() * 8);
-    expect_batch_equals_local(buffers[b], layout, local, batches[b], 1234, 3, c);
+    expect_batch_equals_local(buffers[b], layout, *local, batches[b], 1234, 3, c);
   }
   EXPECT_EQ(client.in_flight(), 0u);
 
@@ -228,21 +228,21 @@ TEST_F(OffloadClientTest, DirectWritesNeedProofOfThePid) {
 
 TEST_F(OffloadClientTest, RecordFileSourceGivesTheSameBatches) {
   const auto records = data_.path() / "train.dlrec";
-  pack_image_folder(folder(), records);
+  media::pack_image_folder(folder(), records);
   DaemonProcess d(1);
   OffloadClient client("127.0.0.1", d.port(), test::kToken, {.timeout = 30s});
   const BatchLayout& layout = client.configure({records.string(), spec(), 99, 4});
   Buffer buf(layout.batch_bytes);
   const std::vector<std::uint64_t> idx = {17, 0, 9, 4};
   client.produce(1, 0, 0, idx, buf.bytes.data(), layout.batch_bytes);
-  expect_batch_equals_local(buf, layout, ImageFolder(folder()), idx, 99, 0, wait_one(client));
+  expect_batch_equals_local(buf, layout, *media::open_source(folder()), idx, 99, 0, wait_one(client));
 }
 
 TEST_F(OffloadClientTest, SkipAndRaisePolicies) {
   test::write_file(data_.path() / "train" / "class1" / "zz_corrupt.jpg", {0xFF, 0xD8, 0xFF, 0x00, 0x01});
-  const ImageFolder local(folder());
+  const std::unique_ptr<media::Source> local = media::open_source(folder());
   std::uint64_t bad = 0;
-  while (local.name(bad).find("zz_corrupt") == std::string::npos) ++bad;
+  while (local->name(bad).find("zz_corrupt") == std::string::npos) ++bad;
   DaemonProcess d(2);
   {
     OffloadClient client("127.0.0.1", d.port(), test::kToken, {.timeout = 30s});
@@ -326,7 +326,7 @@ TEST_F(OffloadClientTest, VanishedClientCostsOthersNothing) {
   Buffer buf(layout.batch_bytes);
   const std::vector<std::uint64_t> idx = {9, 8, 7};
   keeper.produce(1, 1, 0, idx, buf.bytes.data(), layout.batch_bytes);
-  expect_batch_equals_local(buf, layout, ImageFolder(folder()), idx, 0, 1, wait_one(keeper));
+  expect_batch_equals_local(buf, layout, *media::open_source(folder()), idx, 0, 1, wait_one(keeper));
   EXPECT_TRUE(d.running());
 }
 
@@ -345,10 +345,10 @@ TEST_F(OffloadClientTest, LargeBatchArrivesWhole) {
   const auto c = client.wait(60s);
   ASSERT_TRUE(c.has_value());
   ASSERT_EQ(c->status, Completion::Status::kReady) << c->error;
-  const Pipeline p = Pipeline::from_json(big_spec);
+  const media::ImagePipeline p = media::ImagePipeline::from_json(big_spec);
   std::vector<std::byte> images(idx.size() * layout.sample_bytes);
   std::vector<std::int64_t> labels(idx.size());
-  p.run_batch(ImageFolder(folder()), idx, 3, 2, images, labels);
+  p.run_batch(*media::open_source(folder()), idx, 3, 2, images, labels);
   EXPECT_EQ(std::memcmp(buf.bytes.data(), images.data(), images.size()), 0);
   EXPECT_EQ(std::memcmp(buf.bytes.data() + layout.labels_offset, labels.data(), labels.size() * 8), 0);
   const auto stats = client.stats();
@@ -363,7 +363,7 @@ TEST_F(OffloadClientTest, KilledDaemonIsPeerDead) {
   // Big images and one thread, so the batch is still being made when killed.
   for (int i = 0; i < 8; ++i) {
     test::write_file(data_.path() / "big" / "c" / ("b" + std::to_string(i) + ".png"),
-                     encode_png(test::make_image(1200, 1600, static_cast<std::uint32_t>(i))));
+                     media::encode_png(test::make_image(1200, 1600, static_cast<std::uint32_t>(i))));
   }
   DaemonProcess d(1);
   OffloadClient client("127.0.0.1", d.port(), test::kToken, {.timeout = 30s});

@@ -71,9 +71,9 @@ class OffloadDaemonBusyTest : public ::testing::TestWithParam<bool> {
   void SetUp() override {
     for (int c = 0; c < 2; ++c) {
       for (int i = 0; i < 4; ++i) {
-        const Image img = test::make_image(48 + 8 * i, 40 + 8 * c, static_cast<std::uint32_t>(c * 10 + i));
+        const media::Image img = test::make_image(48 + 8 * i, 40 + 8 * c, static_cast<std::uint32_t>(c * 10 + i));
         test::write_file(data_.path() / ("class" + std::to_string(c)) / ("img" + std::to_string(i) + ".jpg"),
-                         encode_jpeg(img, 85));
+                         media::encode_jpeg(img, 85));
       }
     }
   }

@@ -27,7 +27,7 @@
 #include "core/error.hpp"
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/lease_manager.hpp"
 #include "offload/offload_client.hpp"
@@ -174,8 +174,8 @@ class DaemonDrainTest : public ::testing::Test {
           ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
           continue;
         }
-        const Image img = test::make_image(30 + 3 * i, 36 + 4 * c, static_cast<std::uint32_t>(c * 100 + i));
-        test::write_file(path, encode_jpeg(img, 85));
+        const media::Image img = test::make_image(30 + 3 * i, 36 + 4 * c, static_cast<std::uint32_t>(c * 100 + i));
+        test::write_file(path, media::encode_jpeg(img, 85));
       }
     }
   }

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "media/test_data.hpp"
 #include "offload/protocol.hpp"
@@ -37,6 +37,9 @@
 
 namespace dlop::offload::test {
 
+// The media test data (make_image, write_file, TempDir) as test::.
+using namespace media::test;
+
 inline constexpr const char* kToken = "0123456789abcdef-test-token";
 
 // The reference a daemon's image batch is checked against: the same batch
@@ -45,12 +48,12 @@ inline constexpr const char* kToken = "0123456789abcdef-test-token";
 inline std::vector<std::byte> local_batch(const std::string& folder, const char* spec, std::uint64_t seed,
                                           std::size_t side, const std::vector<std::uint64_t>& indices,
                                           std::uint64_t epoch) {
-  const ImageFolder source(folder);
-  const Pipeline p = Pipeline::from_json(spec);
+  const std::unique_ptr<media::Source> source = media::open_source(folder);
+  const media::ImagePipeline p = media::ImagePipeline::from_json(spec);
   const std::size_t sample = 3 * side * side * 4;
   std::vector<std::byte> images(indices.size() * sample);
   std::vector<std::int64_t> labels(indices.size());
-  p.run_batch(source, indices, seed, epoch, images, labels);
+  p.run_batch(*source, indices, seed, epoch, images, labels);
   images.resize(images.size() + labels.size() * 8);
   std::memcpy(images.data() + indices.size() * sample, labels.data(), labels.size() * 8);
   return images;

@@ -17,7 +17,7 @@
 #include "core/error.hpp"
 #include "daemon_harness.hpp"
 #include "media/codec.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/source.hpp"
 #include "offload/lease_manager.hpp"
 
@@ -40,9 +40,9 @@ class LeaseManagerTest : public ::testing::Test {
   void SetUp() override {
     for (int c = 0; c < 3; ++c) {
       for (int i = 0; i < 9; ++i) {
-        const Image img = test::make_image(30 + 3 * i, 36 + 4 * c, static_cast<std::uint32_t>(c * 100 + i));
+        const media::Image img = test::make_image(30 + 3 * i, 36 + 4 * c, static_cast<std::uint32_t>(c * 100 + i));
         test::write_file(data_.path() / "train" / ("c" + std::to_string(c)) / ("i" + std::to_string(i) + ".jpg"),
-                         encode_jpeg(img, 85));
+                         media::encode_jpeg(img, 85));
       }
     }
   }

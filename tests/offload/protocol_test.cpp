@@ -315,7 +315,7 @@ TEST(OffloadAuth, ProofsAndKeysDependOnTokenAndBothNonces) {
 }
 
 TEST(OffloadAuth, TokenFiles) {
-  test::TempDir dir;
+  media::test::TempDir dir;
   const auto path = dir.path() / "token";
   std::ofstream(path) << "0123456789abcdefXYZ\n\n";
   ::chmod(path.c_str(), 0600);

@@ -23,6 +23,7 @@ from processes import offloader
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 
 from dlop.data.make_dataset import main as make_dataset  # noqa: E402
 from dlop.data.pack import pack  # noqa: E402
@@ -156,7 +157,7 @@ def assert_same_records(remote, local) -> None:
 
 
 def batches(source, epoch: int) -> list[tuple[bytes, bytes]]:
-    pipeline = offload.Pipeline(json.dumps(SPEC))
+    pipeline = media.ImagePipeline(json.dumps(SPEC))
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
     out = []
     for indices in plan.batches(epoch):
@@ -225,7 +226,7 @@ def shards(data, s3, http) -> dict:
     """The image set as 3 shards written by the webdataset library (its TarWriter), in the folder's order; copies
     in the store and on the web server."""
     wds = pytest.importorskip("webdataset")
-    folder = offload.open_source(str(data["folder"]))
+    folder = media.open_source(str(data["folder"]))
     local = data["base"] / "shards"
     local.mkdir()
     n = len(folder)

@@ -50,7 +50,7 @@ def test_every_error_code_has_its_class():
         err = caught.value
         assert type(err) is cls and isinstance(err, dlop.Error)
         assert isinstance(err, BUILTIN.get(name, RuntimeError)), (name, type(err).__mro__)
-    assert issubclass(dlop.SampleError, dlop.InvalidArgumentError) and _C.offload.SampleError is dlop.SampleError
+    assert issubclass(dlop.SampleError, dlop.InvalidArgumentError) and _C.media.SampleError is dlop.SampleError
     assert issubclass(dlop.NoOffloaderError, dlop.PeerDeadError)
     for cls in (dlop.PeerDeadError, dlop.TimeoutError, dlop.CanceledError, dlop.TransportError, dlop.ProtocolError):
         assert issubclass(cls, dist.DistBackendError), cls
@@ -58,7 +58,7 @@ def test_every_error_code_has_its_class():
 
 def test_invalid_argument_from_the_offload_pipeline():
     with pytest.raises(dlop.InvalidArgumentError, match="unknown op") as caught:
-        _C.offload.Pipeline(json.dumps({"ops": [{"op": "blur"}]}))
+        _C.media.ImagePipeline(json.dumps({"ops": [{"op": "blur"}]}))
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, dlop.Error)
 
 

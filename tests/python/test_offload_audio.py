@@ -22,7 +22,7 @@ import torch
 from dlop import _C
 from dlop.errors import SampleError
 
-audio = _C.offload.audio
+audio = _C.media.audio
 
 
 def write_wav(path, samples: np.ndarray, rate: int) -> np.ndarray:
@@ -218,8 +218,8 @@ def make_folder(root, seconds_by_class):
 
 def test_batches_pad_to_the_longest_crop_and_carry_lengths(tmp_path):
     make_folder(tmp_path, {"a": [0.5, 2.5], "b": [1.0, 0.01]})
-    source = _C.offload.open_source(str(tmp_path), kind="audio")
-    maker = _C.offload.BatchMaker(json.dumps({"kind": "audio", "seconds": 2, "hop": 160,
+    source = _C.media.open_source(str(tmp_path), kind="audio")
+    maker = _C.media.BatchMaker(json.dumps({"kind": "audio", "seconds": 2, "hop": 160,
                                               "freq_masks": 1, "freq_mask_width": 10}))
     assert maker.layout(source) == {"shape": [80, 201], "dtype": "float32", "label_width": 1, "lengths": True}
     samples, labels, lengths, skipped = maker.run_batch(source, [0, 1, 2, 3], seed=5, epoch=1)
@@ -239,9 +239,9 @@ def test_a_multi_label_manifest_gives_multi_hot_labels_and_spans(tmp_path):
     make_folder(tmp_path / "clips", {"x": [1.0, 1.0]})
     (tmp_path / "m.csv").write_text("path,labels,start,end\nclips/x/0.wav,speech;music,0.25,0.75\n"
                                     "clips/x/1.wav,noise,,\n")
-    source = _C.offload.open_source(str(tmp_path / "m.csv"))
+    source = _C.media.open_source(str(tmp_path / "m.csv"))
     assert source.classes == ["music", "noise", "speech"] and source.multi_label
-    maker = _C.offload.BatchMaker(json.dumps({"kind": "audio", "seconds": 1, "crop": "start"}))
+    maker = _C.media.BatchMaker(json.dumps({"kind": "audio", "seconds": 1, "crop": "start"}))
     samples, labels, lengths, _ = maker.run_batch(source, [0, 1])
     assert labels.tolist() == [[1, 0, 1], [0, 1, 0]]
     assert lengths.tolist() == [1 + 8000 // 160, 1 + 16000 // 160]
@@ -251,11 +251,11 @@ def test_bad_samples_raise_or_are_skipped_as_the_spec_says(tmp_path):
     make_folder(tmp_path, {"a": [0.5, 0.5, 0.5]})
     (tmp_path / "a" / "1.wav").write_bytes(b"")
     (tmp_path / "a" / "2.wav").write_bytes((tmp_path / "a" / "0.wav").read_bytes()[:30])
-    source = _C.offload.open_source(str(tmp_path), kind="audio")
-    raising = _C.offload.BatchMaker(json.dumps({"kind": "audio", "seconds": 1}))
+    source = _C.media.open_source(str(tmp_path), kind="audio")
+    raising = _C.media.BatchMaker(json.dumps({"kind": "audio", "seconds": 1}))
     with pytest.raises(SampleError, match=r"a/1\.wav.*empty file"):
         raising.run_batch(source, [0, 1, 2])
-    skipping = _C.offload.BatchMaker(json.dumps({"kind": "audio", "seconds": 1, "on_error": "skip"}))
+    skipping = _C.media.BatchMaker(json.dumps({"kind": "audio", "seconds": 1, "on_error": "skip"}))
     samples, labels, lengths, skipped = skipping.run_batch(source, [0, 1, 2])
     assert len(samples) == 1 and [i for i, _ in skipped] == [1, 2]
     assert "2.wav" in skipped[1][1]
@@ -268,7 +268,7 @@ def test_bad_samples_raise_or_are_skipped_as_the_spec_says(tmp_path):
 ])
 def test_bad_specs_name_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
-        _C.offload.BatchMaker(json.dumps({"kind": "audio", **bad}))
+        _C.media.BatchMaker(json.dumps({"kind": "audio", **bad}))
 
 
 @pytest.mark.parametrize("ext", ["wav", "flac"])

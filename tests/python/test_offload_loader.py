@@ -16,6 +16,7 @@ from processes import small_image_dataset, two_daemons
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 if not hasattr(offload, "LeaseManager"):
     pytest.skip("dlop._C was built without the lease manager; rebuild it", allow_module_level=True)
 
@@ -44,8 +45,8 @@ def daemons(tmp_path):
 
 def reference(dataset: str, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The plan's batches run by the native pipeline in this process."""
-    source = offload.open_source(dataset)
-    pipeline = offload.Pipeline(__import__("json").dumps(SPEC))
+    source = media.open_source(dataset)
+    pipeline = media.ImagePipeline(__import__("json").dumps(SPEC))
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
     out = []
     for indices in plan.batches(epoch):

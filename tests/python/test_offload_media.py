@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 
 from dlop.data import OffloadLoader  # noqa: E402
 from dlop.data.make_video import make_video_dataset  # noqa: E402
@@ -52,8 +53,8 @@ def video_set(tmp_path_factory):
 
 
 def reference(source_path, spec, epoch):
-    maker = offload.BatchMaker(json.dumps(spec))
-    source = offload.open_source(source_path, maker.kind)
+    maker = media.BatchMaker(json.dumps(spec))
+    source = media.open_source(source_path, maker.kind)
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
     out = []
     for indices in plan.batches(epoch):
@@ -122,9 +123,9 @@ def test_packed_video_carries_its_frame_index_and_gives_the_same_batches(video_s
 
     out = tmp_path / "clips.dlrec"
     stats = pack(video_set, str(out), kind="video")
-    folder, records = offload.open_source(video_set, "video"), offload.open_source(str(out))
+    folder, records = media.open_source(video_set, "video"), media.open_source(str(out))
     assert stats["records"] == len(folder) == len(records) and records.classes == folder.classes
-    maker = offload.BatchMaker(json.dumps(VIDEO))
+    maker = media.BatchMaker(json.dumps(VIDEO))
     indices = list(range(len(folder)))
     a, b = maker.run_batch(folder, indices, seed=3, epoch=1), maker.run_batch(records, indices, seed=3, epoch=1)
     assert a[0].tobytes() == b[0].tobytes() and a[1].tolist() == b[1].tolist()
@@ -139,12 +140,12 @@ def test_a_packed_manifest_keeps_labels_and_time_spans(audio_set, tmp_path):
               "start": 0.1 * k, "end": 0.1 * k + 0.3} for k in range(4)]
     root.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     pack(str(root), str(tmp_path / "m.dlrec"), kind="audio")
-    manifest, records = offload.open_source(str(root)), offload.open_source(str(tmp_path / "m.dlrec"))
+    manifest, records = media.open_source(str(root)), media.open_source(str(tmp_path / "m.dlrec"))
     assert records.multi_label and records.classes == manifest.classes == ["a", "b"]
     for i in range(4):
         assert records.labels(i) == manifest.labels(i)
         assert records.time_span(i) == pytest.approx(manifest.time_span(i))
-    maker = offload.BatchMaker(json.dumps(AUDIO))
+    maker = media.BatchMaker(json.dumps(AUDIO))
     a, b = maker.run_batch(manifest, [0, 1, 2, 3], seed=1), maker.run_batch(records, [0, 1, 2, 3], seed=1)
     # 0.3 s spans are 31 frames, but file 3 lasts 0.4 s: its span 0.3-0.6 s holds 0.1 s.
     assert a[0].tobytes() == b[0].tobytes() and a[2].tolist() == b[2].tolist() == [31, 31, 31, 11]
@@ -168,7 +169,7 @@ def test_bad_files_are_skipped_by_every_daemon_alike_and_the_epoch_stays_exactly
         path, spec = str(root / "m.csv"), {**AUDIO, "on_error": "skip"}
     else:
         path, spec = str(root), {**VIDEO, "on_error": "skip"}
-    source = offload.open_source(path, kind)
+    source = media.open_source(path, kind)
     loader = OffloadLoader(path, spec, BATCH, seed=SEED, offloaders=[d.address for d in daemons], token=TOKEN)
     assert loader.offloaded
     got = collect(loader)

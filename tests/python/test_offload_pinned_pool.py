@@ -18,6 +18,7 @@ from processes import Daemon, small_image_dataset, token_file_with, two_daemons
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 accelerator = pytest.importorskip("dlop.testing.accelerator")
 
 from dlop.data import OffloadLoader, _device  # noqa: E402
@@ -39,8 +40,8 @@ def daemons(tmp_path):
 
 
 def reference(dataset: str, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    source = offload.open_source(dataset)
-    pipeline = offload.Pipeline(json.dumps(SPEC))
+    source = media.open_source(dataset)
+    pipeline = media.ImagePipeline(json.dumps(SPEC))
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1)
     return [pipeline.run_batch(source, indices, seed=SEED, epoch=epoch)[:2] for indices in plan.batches(epoch)]
 

@@ -153,13 +153,13 @@ def test_the_native_decoder_fills_a_truncated_jpeg_as_pil_does(mode, save):
     for keep in _cuts(whole):
         cut = whole[:keep]
         with pytest.raises(dlop.SampleError, match=r"cut\.jpg: (truncated|corrupt)"):
-            dlop._C.offload.decode(cut, "cut.jpg")
+            dlop._C.media.decode(cut, "cut.jpg")
         ImageFile.LOAD_TRUNCATED_IMAGES = True
         try:
             want = np.asarray(PIL_Image.open(io.BytesIO(cut)).convert("RGB"))
         finally:
             ImageFile.LOAD_TRUNCATED_IMAGES = False
-        got = dlop._C.offload.decode(cut, "cut.jpg", load_truncated=True)
+        got = dlop._C.media.decode(cut, "cut.jpg", load_truncated=True)
         diff = np.abs(got.astype(int) - want)
         if save.get("progressive") and mode == "RGB" and save.get("subsampling") != 0:
             # A progressive file cut short has scans missing, which libjpeg-turbo fills by block

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 
 from dlop.data import OffloadLoader  # noqa: E402
 from store_servers import (  # noqa: E402,F401 (fixtures)
@@ -24,7 +25,7 @@ from store_servers import (  # noqa: E402,F401 (fixtures)
 def shard_batches(source, epoch: int, by_shard: bool = True) -> list[tuple[bytes, bytes]]:
     """The shard-ordered (or sample-order) epoch made here from `source` (tests/media/batch_reads_test.cpp checks
     that reading a batch's runs ahead gives each sample's own bytes)."""
-    pipeline = offload.Pipeline(json.dumps(SPEC))
+    pipeline = media.ImagePipeline(json.dumps(SPEC))
     plan = offload.EpochPlan(len(source), BATCH, SEED, True, False, 0, 1, source.shard_sizes if by_shard else [])
     out = []
     for indices in plan.batches(epoch):
@@ -45,13 +46,13 @@ def data_gets(log, since: int) -> list[str]:
 
 
 def test_the_shard_sizes_come_from_the_headers(shards):
-    assert offload.open_source(str(shards["local"])).shard_sizes == [9, 9, 9]
-    assert offload.open_source(shards["s3"]).shard_sizes == [9, 9, 9]
-    assert offload.open_source(str(shards["local"] / "train-001.tar")).shard_sizes == [9]
+    assert media.open_source(str(shards["local"])).shard_sizes == [9, 9, 9]
+    assert media.open_source(shards["s3"]).shard_sizes == [9, 9, 9]
+    assert media.open_source(str(shards["local"] / "train-001.tar")).shard_sizes == [9]
 
 
 def test_a_shard_ordered_epoch_from_s3_equals_the_local_shards(shards, daemon):
-    local = offload.open_source(str(shards["local"]))
+    local = media.open_source(str(shards["local"]))
     want = shard_batches(local, 2)
     got_loader = loader(shards["s3"], [daemon])
     assert got_loader.offloaded and len(got_loader) == len(want) == 7
@@ -62,7 +63,7 @@ def test_a_shard_ordered_epoch_from_s3_equals_the_local_shards(shards, daemon):
 
 def test_a_shard_ordered_epoch_costs_one_get_per_batch_run(shards, http, daemon):
     log = http["access_log"]
-    local = offload.open_source(str(shards["local"]))
+    local = media.open_source(str(shards["local"]))
     want = shard_batches(local, 3)
     streamed = loader(shards["http"], [daemon])
     since = log.stat().st_size
@@ -78,14 +79,14 @@ def test_a_shard_ordered_epoch_costs_one_get_per_batch_run(shards, http, daemon)
 
 
 def test_the_local_fallback_streams_the_same_epoch(shards):
-    want = shard_batches(offload.open_source(str(shards["local"])), 4)
+    want = shard_batches(media.open_source(str(shards["local"])), 4)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
         fallback = loader(shards["http"], [f"127.0.0.1:{free_port()}"], connect_timeout=1.0, fallback="warn")
     assert run_epoch(fallback, 4) == want
 
 
 def test_a_shard_ordered_epoch_resumes_from_a_state_dict(shards, daemon):
-    want = shard_batches(offload.open_source(str(shards["local"])), 5)
+    want = shard_batches(media.open_source(str(shards["local"])), 5)
     first = loader(shards["s3"], [daemon])
     got = first_batches(first, 5, 3)
     state = first.state_dict()
@@ -101,7 +102,7 @@ def test_a_shard_ordered_epoch_resumes_from_a_state_dict(shards, daemon):
 
 
 def test_a_store_killed_mid_shard_epoch_loses_and_repeats_nothing(shards, s3, daemon, tmp_path):
-    want = shard_batches(offload.open_source(str(shards["local"])), 6)
+    want = shard_batches(media.open_source(str(shards["local"])), 6)
     streamed = loader(shards["s3"], [daemon], prefetch=2)
     assert run_epoch_across_an_outage(streamed, 6, s3["server"]) == want  # every batch once, in order, byte-identical
     log = (tmp_path / "daemon.log").read_text()

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 torch = pytest.importorskip("torch")
-offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 
 from dlop.data import OffloadLoader  # noqa: E402
 from dlop.data.pack import pack  # noqa: E402
@@ -26,29 +26,29 @@ from store_servers import (  # noqa: E402,F401 (fixtures)
 
 
 def test_a_record_file_in_s3_reads_as_the_local_file(data, s3):
-    remote, local = offload.open_source(s3["url"]), offload.open_source(str(data["local"]))
+    remote, local = media.open_source(s3["url"]), media.open_source(str(data["local"]))
     assert_same_records(remote, local)
     assert batches(remote, 1) == batches(local, 1)
 
 
 def test_a_record_file_over_http_reads_as_the_local_file(data, http):
-    assert_same_records(offload.open_source(http["url"]), offload.open_source(str(data["local"])))
+    assert_same_records(media.open_source(http["url"]), media.open_source(str(data["local"])))
 
 
 def test_a_missing_object_names_it_with_404(s3, http):
     with pytest.raises(Exception, match=r"s3://train/images/nope\.dlop.*404.*NoSuchKey"):
-        offload.open_source(f"s3://{BUCKET}/images/nope.dlop")
+        media.open_source(f"s3://{BUCKET}/images/nope.dlop")
     with pytest.raises(Exception, match=r"/shards/nope\.dlop.*HTTP 404"):
-        offload.open_source(http["base"] + "/shards/nope.dlop")
+        media.open_source(http["base"] + "/shards/nope.dlop")
 
 
 def test_a_bad_key_names_the_object_with_403(s3, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-0123456789")
     with pytest.raises(Exception, match=r"s3://train/images/train\.dlop.*HTTP 403"):
-        offload.open_source(s3["url"])
+        media.open_source(s3["url"])
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody-has-this-key")
     with pytest.raises(Exception, match=r"s3://train/images/train\.dlop.*HTTP 403.*InvalidAccessKeyId"):
-        offload.open_source(s3["url"])
+        media.open_source(s3["url"])
 
 
 def test_a_profile_gives_the_keys(s3, tmp_path, monkeypatch):
@@ -59,10 +59,10 @@ def test_a_profile_gives_the_keys(s3, tmp_path, monkeypatch):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.setenv("AWS_PROFILE", "dlop")
-    assert len(offload.open_source(s3["url"])) == 27
+    assert len(media.open_source(s3["url"])) == 27
     monkeypatch.setenv("AWS_PROFILE", "missing")
     with pytest.raises(Exception, match="no S3 credentials.*profile 'missing'"):
-        offload.open_source(s3["url"])
+        media.open_source(s3["url"])
 
 
 def test_pack_uploads_to_the_store(data, s3):
@@ -73,7 +73,7 @@ def test_pack_uploads_to_the_store(data, s3):
 
 
 def test_a_server_killed_and_restarted_mid_read_loses_nothing(data, s3):
-    remote, local = offload.open_source(s3["url"]), offload.open_source(str(data["local"]))
+    remote, local = media.open_source(s3["url"]), media.open_source(str(data["local"]))
     s3["server"].kill()
     restart = threading.Timer(1.0, s3["server"].start)  # an outage the reads below must wait out
     restart.start()
@@ -87,7 +87,7 @@ def test_a_server_that_stays_down_fails_within_the_retry_budget(data, s3):
     s3["server"].kill()
     try:
         code = ("import dlop._C as C\n"
-                f"C.offload.open_source({s3['url']!r})\n")
+                f"C.media.open_source({s3['url']!r})\n")
         env = dict(os.environ, DLOP_STORE_RETRY_MS="300")
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     finally:
@@ -97,7 +97,7 @@ def test_a_server_that_stays_down_fails_within_the_retry_budget(data, s3):
 
 
 def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp_path):
-    want = batches(offload.open_source(str(data["local"])), 3)
+    want = batches(media.open_source(str(data["local"])), 3)
     loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN,
                            prefetch=2)
     assert loader.offloaded
@@ -107,7 +107,7 @@ def test_offloaded_epoch_from_s3_survives_a_server_restart(data, s3, daemon, tmp
 
 
 def test_local_fallback_reads_the_store(data, s3):
-    want = batches(offload.open_source(str(data["local"])), 2)
+    want = batches(media.open_source(str(data["local"])), 2)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
         loader = OffloadLoader(s3["url"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
                                token=TOKEN, connect_timeout=1.0, fallback="warn")
@@ -118,7 +118,7 @@ def test_local_fallback_reads_the_store(data, s3):
 
 
 def test_local_tar_shards_hold_the_folder_samples_in_order(shards):
-    tars = offload.open_source(str(shards["local"]))
+    tars = media.open_source(str(shards["local"]))
     folder = shards["folder"]
     assert len(tars) == len(folder) == 27 and tars.classes == ["0", "1", "2"]  # .cls holds integers
     for i in range(len(folder)):
@@ -129,15 +129,15 @@ def test_local_tar_shards_hold_the_folder_samples_in_order(shards):
 
 @pytest.mark.parametrize("where", ["s3", "http"])
 def test_remote_tar_shards_read_as_the_local_ones(shards, where):
-    remote, local = offload.open_source(shards[where]), offload.open_source(str(shards["local"]))
+    remote, local = media.open_source(shards[where]), media.open_source(str(shards["local"]))
     assert_same_records(remote, local)
     assert batches(remote, 1) == batches(local, 1)
 
 
 def test_a_list_of_shards_joined_by_colons(shards):
     local = sorted(str(p) for p in shards["local"].glob("*.tar"))
-    both = offload.open_source(local[2] + "::" + local[0])
-    first, last = offload.open_source(local[2]), offload.open_source(local[0])
+    both = media.open_source(local[2] + "::" + local[0])
+    first, last = media.open_source(local[2]), media.open_source(local[0])
     assert len(both) == len(first) + len(last)
     assert both.read(0) == first.read(0) and both.read(len(first)) == last.read(0)
 
@@ -146,21 +146,21 @@ def test_damaged_shards_name_the_shard_and_the_sample(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"x" * 2048)
     with pytest.raises(Exception, match=r"bad\.tar: not a tar file: header checksum mismatch at byte 0"):
-        offload.open_source(str(bad))
+        media.open_source(str(bad))
     wds = pytest.importorskip("webdataset")
     with wds.TarWriter(str(tmp_path / "nolabel.tar")) as sink:
         sink.write({"__key__": "a/one", "jpg": b"\xff\xd8"})
     with pytest.raises(Exception, match=r"nolabel\.tar: sample a/one: no \.cls member"):
-        offload.open_source(str(tmp_path / "nolabel.tar"))
+        media.open_source(str(tmp_path / "nolabel.tar"))
     with pytest.raises(Exception, match=r"\{1\.\.0\} counts down"):
-        offload.open_source(str(tmp_path / "empty-{1..0}.tar"))
+        media.open_source(str(tmp_path / "empty-{1..0}.tar"))
     (tmp_path / "no-tars").mkdir()
     with pytest.raises(Exception, match="no .tar files"):
-        offload.open_source(str(tmp_path / "no-tars") + "::" + str(tmp_path / "no-tars"))
+        media.open_source(str(tmp_path / "no-tars") + "::" + str(tmp_path / "no-tars"))
 
 
 def test_offloaded_epoch_from_s3_shards_equals_the_local_shards(shards, daemon):
-    want = batches(offload.open_source(str(shards["local"])), 2)
+    want = batches(media.open_source(str(shards["local"])), 2)
     loader = OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)
     assert loader.offloaded
     assert run_epoch(loader, 2) == want
@@ -169,7 +169,7 @@ def test_offloaded_epoch_from_s3_shards_equals_the_local_shards(shards, daemon):
 CACHED_READER = """
 import os, sys
 import dlop._C as C
-source = C.offload.open_source(sys.argv[1])
+source = C.media.open_source(sys.argv[1])
 first = [source.read(i) for i in range(len(source))]
 folder = os.path.join(os.environ["DLOP_STORE_CACHE_DIR"], os.listdir(os.environ["DLOP_STORE_CACHE_DIR"])[0])
 print(sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)), flush=True)
@@ -206,7 +206,7 @@ def test_the_cache_stays_under_its_limit(data, s3, tmp_path):
 
 def test_a_list_of_local_shards_in_the_local_fallback(shards):
     tars = sorted(str(p) for p in shards["local"].glob("*.tar"))
-    want = batches(offload.open_source(str(shards["local"])), 4)
+    want = batches(media.open_source(str(shards["local"])), 4)
     with pytest.warns(RuntimeWarning, match="no dlop-offloader answered"):
         loader = OffloadLoader(tars, SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[f"127.0.0.1:{free_port()}"],
                                token=TOKEN, connect_timeout=1.0, fallback="warn")
@@ -214,7 +214,7 @@ def test_a_list_of_local_shards_in_the_local_fallback(shards):
 
 
 def test_an_s3_shard_epoch_resumes_from_a_state_dict(shards, daemon):
-    want = batches(offload.open_source(str(shards["local"])), 5)
+    want = batches(media.open_source(str(shards["local"])), 5)
 
     def loader():
         return OffloadLoader(shards["s3"], SPEC, BATCH, shuffle=True, seed=SEED, offloaders=[daemon], token=TOKEN)

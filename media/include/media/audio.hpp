@@ -17,7 +17,7 @@
 #include "media/batch_maker.hpp"
 #include "media/source.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 enum class MelScale { kHtk, kSlaney };
 enum class AudioCrop { kRandom, kStart, kCenter };
@@ -111,4 +111,4 @@ std::vector<float> audio_features(std::span<const std::uint8_t> bytes, const Aud
 // Samples are {n_mels, max_frames} float32 with their lengths (real frames).
 std::unique_ptr<BatchMaker> make_audio_pipeline(std::string_view spec_json);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

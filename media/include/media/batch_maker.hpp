@@ -1,5 +1,5 @@
 // A batch maker turns samples of a Source into one batch buffer: images
-// (Pipeline), video clips (ClipPipeline, video.hpp) or audio features
+// (ImagePipeline), video clips (ClipPipeline, video.hpp) or audio features
 // (AudioPipeline, audio.hpp). The transform spec's "kind" picks one, and the
 // daemon, the trainer's local fallback and the tests drive them all through
 // this interface.
@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "media/source.hpp"
-#include "media/spec.hpp"
+#include "media/image_spec.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 struct SkippedSample {
   std::uint64_t index;
@@ -134,4 +134,4 @@ BatchResult run_samples(const Source& source, std::span<const std::uint64_t> ind
 // multi-hot vector of label_width.
 void write_labels(const Source& source, std::uint64_t index, std::span<std::int64_t> out);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -11,7 +11,7 @@
 #include "media/image.hpp"
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
 
@@ -61,4 +61,4 @@ inline std::vector<std::uint8_t> encode_png(const Image& image) {
   return encode_png(image.pixels.data(), image.height, image.width, Image::kChannels);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // 8-bit RGB, rows top to bottom, pixels interleaved (HWC): what every decoder
 // produces and every geometric op takes and returns.
@@ -42,4 +42,4 @@ class SampleError : public Error {
   std::string reason_;
 };
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

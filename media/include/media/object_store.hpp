@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // Whether `location` names a remote object (s3://, http://, https://) rather
 // than a local path.
@@ -52,4 +52,4 @@ std::unique_ptr<ObjectReader> open_object(const std::string& location);
 // PUT, or a copy for a local path).
 void put_object(const std::string& location, const std::filesystem::path& file);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

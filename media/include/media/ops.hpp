@@ -10,7 +10,7 @@
 #include "core/random.hpp"
 #include "media/image.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // A rectangle of an image; it may reach outside (center_crop of a smaller
 // image), and what lies outside reads as zeros.
@@ -62,4 +62,4 @@ void to_chw_uint8(const Image& image, std::uint8_t* out);
 void to_chw_float(const Image& image, const std::array<float, 3>& mean, const std::array<float, 3>& std,
                   float* out);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

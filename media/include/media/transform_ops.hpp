@@ -26,7 +26,7 @@
 #include "media/image.hpp"
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // A size: {height, width}; JSON "size": 224 means {224, 224} except in
 // resize, where one number is the shorter side (see ResizeOp).
@@ -163,4 +163,4 @@ using OpSpec = std::variant<RandomResizedCropOp, ResizeOp, CenterCropOp, HFlipOp
 
 std::string_view op_name(const OpSpec& op);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -14,7 +14,7 @@
 #include "media/batch_maker.hpp"
 #include "media/image.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // Every frame of a file's video stream, in presentation order. Made by
 // demuxing alone (no decoding), once: by `dlop pack`, which stores it beside
@@ -109,4 +109,4 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
 // it has one. Throws dlop::Error(kInvalidArgument) naming the bad field.
 std::unique_ptr<BatchMaker> make_clip_pipeline(std::string_view spec_json);
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

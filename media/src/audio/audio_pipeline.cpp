@@ -9,7 +9,7 @@
 
 #include "media/audio.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -147,4 +147,4 @@ std::unique_ptr<BatchMaker> make_audio_pipeline(std::string_view spec_json) {
   return std::make_unique<AudioPipeline>(AudioSpec::from_json(spec_json));
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "media/audio.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using nlohmann::json;
@@ -177,4 +177,4 @@ int AudioSpec::max_frames() const {
   return 1 + (crop_samples() + 2 * (n_fft / 2) - n_fft) / hop;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "media/image.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 struct Memory {
@@ -196,4 +196,4 @@ std::size_t crop_start(std::size_t length, std::size_t crop, AudioCrop how, Samp
   return 0;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

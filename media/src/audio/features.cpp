@@ -12,7 +12,7 @@
 #include "core/error.hpp"
 #include "media/audio.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 double hz_to_mel(double hz, MelScale scale) {
@@ -179,4 +179,4 @@ void spec_augment(std::span<float> features, std::size_t frames, const AudioSpec
   }
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

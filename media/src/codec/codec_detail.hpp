@@ -7,7 +7,7 @@
 
 #include "media/codec.hpp"
 
-namespace dlop::offload::detail {
+namespace dlop::media::detail {
 
 // PIL's decompression-bomb limit (twice its warning threshold): a header
 // claiming more is refused before anything is allocated.
@@ -18,4 +18,4 @@ void decode_jpeg(std::span<const std::uint8_t> bytes, std::string_view name, Ima
                  const RegionChooser* choose = nullptr, CropBox* where = nullptr);
 void decode_png(std::span<const std::uint8_t> bytes, std::string_view name, Image& out);
 
-}  // namespace dlop::offload::detail
+}  // namespace dlop::media::detail

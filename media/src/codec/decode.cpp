@@ -6,7 +6,7 @@
 #include "codec_detail.hpp"
 #include "media/codec.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 SampleError::SampleError(std::string sample, std::string reason)
     : Error(Errc::kInvalidArgument, fmt::format("sample {}: {}", sample.empty() ? "<unnamed>" : sample, reason)),
@@ -56,4 +56,4 @@ Image decode_image(std::span<const std::uint8_t> bytes, std::string_view name, D
   return out;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -18,7 +18,7 @@
 
 #include "codec_detail.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 constexpr const char* kTruncated = "truncated JPEG: data ends before the image does";
@@ -325,4 +325,4 @@ std::vector<std::uint8_t> encode_jpeg(const std::uint8_t* pixels, int height, in
   return result;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

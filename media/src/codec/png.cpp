@@ -12,7 +12,7 @@
 
 #include "codec_detail.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 struct Reader {
@@ -152,4 +152,4 @@ std::vector<std::uint8_t> encode_png(const std::uint8_t* pixels, int height, int
   return result;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

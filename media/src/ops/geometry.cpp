@@ -6,7 +6,7 @@
 
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 CropBox random_resized_crop_box(int height, int width, std::array<double, 2> scale, std::array<double, 2> ratio,
                                 SampleRng& rng) {
@@ -93,4 +93,4 @@ void hflip(Image& image) {
   }
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

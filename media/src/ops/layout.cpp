@@ -2,7 +2,7 @@
 
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 void to_chw_uint8(const Image& image, std::uint8_t* out) {
   const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
@@ -34,4 +34,4 @@ void to_chw_float(const Image& image, const std::array<float, 3>& mean, const st
   }
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -10,7 +10,7 @@
 
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 constexpr int kPrecisionBits = 32 - 8 - 2;
@@ -150,4 +150,4 @@ Image resize(const Image& src, int out_height, int out_width, bool antialias) {
   return dst;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -4,9 +4,9 @@
 #include <functional>
 
 #include "media/object_store.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 BatchReads::BatchReads(const Source& source, std::span<const std::uint64_t> indices) : source_(source) {
   struct Want {
@@ -55,4 +55,4 @@ std::span<const std::uint8_t> BatchReads::read(std::size_t i, std::vector<std::u
   return {runs_[it->run].data() + it->offset, static_cast<std::size_t>(it->size)};
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

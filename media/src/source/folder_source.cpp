@@ -9,9 +9,9 @@
 
 #include "media/image.hpp"
 #include "media/object_store.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& media_extensions(MediaKind kind) {
@@ -161,4 +161,4 @@ std::unique_ptr<Source> open_source(const fs::path& path, MediaKind kind) {
   return std::make_unique<RecordFile>(path);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -10,10 +10,10 @@
 
 #include "core/error.hpp"
 #include "media/image.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 #include "class_list.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace fs = std::filesystem;
 
 namespace {
@@ -225,4 +225,4 @@ std::span<const std::uint8_t> Manifest::read(std::size_t i, std::vector<std::uin
   return read_file(at(i).path, scratch);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -12,11 +12,11 @@
 
 #include "core/error.hpp"
 #include "media/object_store.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 #include "media/video.hpp"
 #include "record_format.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace fs = std::filesystem;
 
 namespace {
@@ -160,4 +160,4 @@ PackStats pack_path(const fs::path& in, const fs::path& out, MediaKind kind) {
 
 PackStats pack_image_folder(const fs::path& root, const fs::path& out) { return pack_source(ImageFolder(root), out); }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

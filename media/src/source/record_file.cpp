@@ -13,10 +13,10 @@
 
 #include "media/image.hpp"
 #include "media/object_store.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 #include "record_format.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 std::uint32_t record::crc32(const void* data, std::uint64_t size, std::uint32_t start) {
   uLong crc = start;
@@ -254,4 +254,4 @@ TimeSpan RecordFile::time_span(std::size_t i) const {
   return {impl_->extras[i].start, impl_->extras[i].end};
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

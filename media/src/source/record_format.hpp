@@ -24,7 +24,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace dlop::offload::record {
+namespace dlop::media::record {
 
 static_assert(std::endian::native == std::endian::little, "the record format is read in place: little-endian only");
 
@@ -77,4 +77,4 @@ static_assert(sizeof(ClassEntry) == 8);
 // `crc`: the CRC-32 of the bytes before these, to checksum a record in parts.
 std::uint32_t crc32(const void* data, std::uint64_t size, std::uint32_t crc = 0);
 
-}  // namespace dlop::offload::record
+}  // namespace dlop::media::record

@@ -13,9 +13,9 @@
 #include "class_list.hpp"
 #include "core/error.hpp"
 #include "media/object_store.hpp"
-#include "media/source.hpp"
+#include "concrete_sources.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace fs = std::filesystem;
 
 namespace {
@@ -272,4 +272,4 @@ std::optional<Source::ByteRange> TarShards::byte_range(std::size_t i) const {
   return ByteRange{shards_[s.shard].get(), s.offset, s.size};
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

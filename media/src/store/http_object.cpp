@@ -18,7 +18,7 @@
 #include "core/log.hpp"
 #include "remote.hpp"
 
-namespace dlop::offload::store {
+namespace dlop::media::store {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -367,4 +367,4 @@ void put_remote(const std::string& location, const std::filesystem::path& file) 
   });
 }
 
-}  // namespace dlop::offload::store
+}  // namespace dlop::media::store

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "remote.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 class LocalObject final : public ObjectReader {
@@ -80,4 +80,4 @@ void put_object(const std::string& location, const std::filesystem::path& file) 
   std::filesystem::copy_file(file, location, std::filesystem::copy_options::overwrite_existing);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -20,7 +20,7 @@
 #include "core/log.hpp"
 #include "remote.hpp"
 
-namespace dlop::offload::store {
+namespace dlop::media::store {
 namespace fs = std::filesystem;
 namespace {
 
@@ -126,4 +126,4 @@ std::unique_ptr<ObjectReader> with_cache(std::unique_ptr<ObjectReader> object) {
   return std::make_unique<CachedObject>(std::move(object), *c);
 }
 
-}  // namespace dlop::offload::store
+}  // namespace dlop::media::store

@@ -10,7 +10,7 @@
 
 #include "media/object_store.hpp"
 
-namespace dlop::offload::store {
+namespace dlop::media::store {
 
 // How to reach one remote object.
 struct Target {
@@ -38,4 +38,4 @@ std::unique_ptr<ObjectReader> open_remote(const std::string& location);
 std::unique_ptr<ObjectReader> with_cache(std::unique_ptr<ObjectReader> object);
 void put_remote(const std::string& location, const std::filesystem::path& file);
 
-}  // namespace dlop::offload::store
+}  // namespace dlop::media::store

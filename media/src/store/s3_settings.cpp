@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "remote.hpp"
 
-namespace dlop::offload::store {
+namespace dlop::media::store {
 namespace {
 
 std::string env(const char* name) {
@@ -125,4 +125,4 @@ Target resolve(const std::string& location) {
   return t;
 }
 
-}  // namespace dlop::offload::store
+}  // namespace dlop::media::store

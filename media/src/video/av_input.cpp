@@ -12,7 +12,7 @@ extern "C" {
 
 #include "media/image.hpp"
 
-namespace dlop::offload::detail {
+namespace dlop::media::detail {
 namespace {
 
 constexpr int kIoBufferBytes = 64 * 1024;
@@ -151,4 +151,4 @@ CodecPtr AvInput::open_decoder() const {
   return codec;
 }
 
-}  // namespace dlop::offload::detail
+}  // namespace dlop::media::detail

@@ -14,7 +14,7 @@ extern "C" {
 #include <string>
 #include <string_view>
 
-namespace dlop::offload::detail {
+namespace dlop::media::detail {
 
 std::string av_error(int code);
 
@@ -82,4 +82,4 @@ class AvInput {
   const AVCodec* codec_ = nullptr;
 };
 
-}  // namespace dlop::offload::detail
+}  // namespace dlop::media::detail

@@ -14,7 +14,7 @@
 #include "media/ops.hpp"
 #include "media/video.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using detail::ClipLayout;
@@ -240,4 +240,4 @@ std::unique_ptr<BatchMaker> make_clip_pipeline(std::string_view spec_json) {
   return std::make_unique<ClipPipeline>(ClipSpec::from_json(spec_json));
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "media/transform_ops.hpp"
 
-namespace dlop::offload::detail {
+namespace dlop::media::detail {
 namespace {
 
 using nlohmann::json;
@@ -185,4 +185,4 @@ std::string ClipSpec::to_json() const {
   return j.dump();
 }
 
-}  // namespace dlop::offload::detail
+}  // namespace dlop::media::detail

@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "media/spec.hpp"
+#include "media/image_spec.hpp"
 
-namespace dlop::offload::detail {
+namespace dlop::media::detail {
 
 // Where each view's clip starts in the sample's span: uniformly at random,
 // or evenly spaced from its first to its last possible start.
@@ -48,4 +48,4 @@ struct ClipSpec {
   std::string to_json() const;  // "kind": "video" included
 };
 
-}  // namespace dlop::offload::detail
+}  // namespace dlop::media::detail

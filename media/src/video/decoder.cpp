@@ -16,7 +16,7 @@ extern "C" {
 #include "av_input.hpp"
 #include "media/video.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using detail::AvInput;
@@ -242,4 +242,4 @@ void decode_frames(std::span<const std::uint8_t> container, const FrameIndex& in
   }
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -9,7 +9,7 @@
 #include "av_input.hpp"
 #include "media/video.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 // "DLFI", a version, then little-endian fields; the header's size is fixed
@@ -168,4 +168,4 @@ FrameIndex scan_frame_index(std::span<const std::uint8_t> container, std::string
   return index;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -46,7 +46,7 @@ namespace dlop::offload {
 
 struct OffloadConfig {
   std::string source;          // image folder or record file, as the daemon's host sees it
-  std::string transform_json;  // a TransformSpec (see spec.hpp); its "on_error" is the error policy
+  std::string transform_json;  // a TransformSpec (media/image_spec.hpp); its "on_error" is the error policy
   std::uint64_t seed = 0;
   std::uint32_t batch_size = 0;
   // Non-empty: the generic Python path, a pickled Dataset + collate_fn

@@ -4,8 +4,9 @@
 one warning, by local worker processes running the same native pipeline);
 ``offload(loader)`` maps a DataLoader over a torchvision ImageFolder with
 standard transforms onto it; ``make_dataset`` generates the built-in synthetic dataset. The native
-pipeline itself is in ``dlop._C.offload``. ``metrics`` holds what a loader measures (its
-``stats()``, the DLOP_METRICS_PORT endpoint); ``autoscale`` sizes the offloader fleet from it.
+pipeline itself is in ``dlop._C.media``. ``metrics`` holds what a loader measures (its
+``stats()``, the DLOP_METRICS_PORT endpoint); dlop.fleet sizes the offloader fleet from it; ``run_loaders`` offloads
+the DataLoaders of a command run by ``dlop run``.
 """
 
 __all__ = ["OffloadLoader", "offload"]

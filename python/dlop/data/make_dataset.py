@@ -41,9 +41,9 @@ SHAPES = ("discs", "boxes", "stripes", "rings")
 def _encoder():
     """dlop's own JPEG encoder (libjpeg-turbo) when the extension is built, else Pillow."""
     try:
-        from dlop._C import offload
+        from dlop._C import media
 
-        return lambda pixels, quality: offload.encode_jpeg(pixels, quality)
+        return lambda pixels, quality: media.encode_jpeg(pixels, quality)
     except (ImportError, AttributeError):
         from PIL import Image
 

@@ -28,6 +28,7 @@ from dlop.data import _device, _loader_view, _python_job, _token, metrics
 from dlop.errors import Error, NoOffloaderError
 
 _native = _C.offload
+_media = _C.media
 
 
 def _rank_world() -> tuple[int, int]:
@@ -87,8 +88,8 @@ _worker_state: dict[str, Any] = {}
 
 
 def _worker_init(source: str, transform: str) -> None:
-    maker = _native.BatchMaker(transform)
-    _worker_state["source"] = _native.open_source(source, maker.kind)
+    maker = _media.BatchMaker(transform)
+    _worker_state["source"] = _media.open_source(source, maker.kind)
     _worker_state["maker"] = maker
 
 
@@ -307,8 +308,8 @@ class OffloadLoader:
             if on_error is not None:  # the loader's policy is the spec's
                 self.transform = json.dumps({**json.loads(self.transform), "on_error": on_error})
             self.transform = _load_truncated(self.transform)
-            self.kind = _native.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
-            if self.kind == "image" and _native.Pipeline(self.transform).fixed_shape is None:
+            self.kind = _media.BatchMaker(self.transform).kind  # a bad spec fails here, not in a daemon
+            if self.kind == "image" and _media.ImagePipeline(self.transform).fixed_shape is None:
                 raise ValueError("OffloadLoader: the transform spec's ops leave each image its own size, and a batch "
                                  "stacks them: end the ops with random_resized_crop, center_crop, or resize to "
                                  "[height, width]")
@@ -316,7 +317,7 @@ class OffloadLoader:
             if os.path.isdir(self.source):
                 # Listed here, so that files the native decoders cannot read (a .bmp or .webp
                 # torchvision's ImageFolder would list) are refused by name now, not by a daemon.
-                self._dataset_size = len(_native.open_source(self.source, self.kind))
+                self._dataset_size = len(_media.open_source(self.source, self.kind))
         self._transcripts = manifest_transcripts(self.source) if self.source else None
         if self.dataset is None:  # what DataLoader code reads as loader.dataset (len() of it)
             self.dataset = _loader_view.SourceDataset(self)
@@ -328,7 +329,7 @@ class OffloadLoader:
         if shuffle == "shards":
             if dataset is not None:
                 raise ValueError("OffloadLoader: shuffle=\"shards\" needs a native source made of tar shards")
-            self._shard_sizes = list(_native.open_source(self.source, self.kind).shard_sizes)
+            self._shard_sizes = list(_media.open_source(self.source, self.kind).shard_sizes)
             if not self._shard_sizes:
                 raise ValueError(f"OffloadLoader: shuffle=\"shards\" needs tar shards; {self.source} is not made "
                                  "of shards")
@@ -476,7 +477,7 @@ class OffloadLoader:
 
     def _plan(self):
         if self._dataset_size is None:
-            self._dataset_size = len(_native.open_source(self.source, self.kind))
+            self._dataset_size = len(_media.open_source(self.source, self.kind))
         return _native.EpochPlan(
             self._dataset_size, self.batch_size, self.seed, self.shuffle, self.drop_last, self.rank, self.world,
             self._shard_sizes,

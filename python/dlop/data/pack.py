@@ -22,10 +22,10 @@ import time
 def pack(root: str, out: str, progress: bool = False, kind: str = "image") -> dict:
     """Writes `out` from the folder or manifest `root`; returns {"records", "classes", "bytes"}. `progress`: a bar
     on stderr while stderr is a terminal."""
-    from dlop._C import offload
+    from dlop._C import media
 
     def run(r, o):
-        return offload.pack(r, o, kind)
+        return media.pack(r, o, kind)
 
     if not progress or not sys.stderr.isatty() or not os.path.isdir(root):
         return run(os.fspath(root), os.fspath(out))

@@ -36,7 +36,7 @@ def _resize_params(t: Any) -> dict:
 
 def _torchvision_ops(T: Any) -> list:
     """(torchvision transform class, native op, its parameters from the transform): one line per op that
-    mirrors a torchvision transform. The native ops and their parameters are dlop._C.offload.transform_ops()."""
+    mirrors a torchvision transform. The native ops and their parameters are dlop._C.media.transform_ops()."""
     return [
         (T.RandomResizedCrop, "random_resized_crop",
          lambda t: {"size": _size(t.size), "scale": list(t.scale), "ratio": list(t.ratio),

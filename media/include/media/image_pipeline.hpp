@@ -17,9 +17,9 @@
 #include "media/batch_maker.hpp"
 #include "media/image.hpp"
 #include "media/source.hpp"
-#include "media/spec.hpp"
+#include "media/image_spec.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // A sample's output shape, CHW (C is always 3).
 struct Shape {
@@ -36,10 +36,10 @@ struct Tensor {
   std::vector<std::byte> data;  // shape.elements() values of dtype
 };
 
-class Pipeline final : public BatchMaker {
+class ImagePipeline final : public BatchMaker {
  public:
-  explicit Pipeline(TransformSpec spec);  // validates
-  static Pipeline from_json(std::string_view json) { return Pipeline(TransformSpec::from_json(json)); }
+  explicit ImagePipeline(TransformSpec spec);  // validates
+  static ImagePipeline from_json(std::string_view json) { return ImagePipeline(TransformSpec::from_json(json)); }
 
   const TransformSpec& spec() const { return spec_; }
   std::string_view kind() const override { return "image"; }
@@ -83,4 +83,4 @@ class Pipeline final : public BatchMaker {
   TransformSpec spec_;
 };
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

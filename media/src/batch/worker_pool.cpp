@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 struct WorkerPool::Impl {
   std::mutex mutex;
@@ -86,4 +86,4 @@ void WorkerPool::parallel_for(std::size_t n, const std::function<void(std::size_
   if (s.error) std::rethrow_exception(std::exchange(s.error, nullptr));
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -2,7 +2,7 @@
 // params() is walked by a reader (JSON to fields), a checker (validate), a
 // writer (to_json) and a describer (describe_ops). Every error names where in
 // the spec it is.
-#include "media/spec.hpp"
+#include "media/image_spec.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,7 +15,7 @@
 
 #include "core/error.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using nlohmann::json;
@@ -343,4 +343,4 @@ std::string describe_ops() {
   return out.dump();
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -15,7 +15,7 @@
 
 #include "media/transform_ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 
 // float32: values / 255 (then normalised if the last op is normalize).
 // uint8: the pixels as they are, CHW; not allowed with normalize.
@@ -45,4 +45,4 @@ struct TransformSpec {
 // "kind", "required", "default" (when not required), "expected"}, ...]}, ...].
 std::string describe_ops();
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -1,4 +1,4 @@
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "media/codec.hpp"
 #include "media/ops.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -17,9 +17,9 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-Pipeline::Pipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
+ImagePipeline::ImagePipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
 
-std::optional<Shape> Pipeline::fixed_shape() const {
+std::optional<Shape> ImagePipeline::fixed_shape() const {
   std::optional<Size2> size;
   for (const OpSpec& op : spec_.ops) {
     std::visit(
@@ -32,7 +32,7 @@ std::optional<Shape> Pipeline::fixed_shape() const {
   return Shape{3, (*size)[0], (*size)[1]};
 }
 
-const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const SampleKey& key,
+const Image& ImagePipeline::transform(std::span<const std::uint8_t> encoded, const SampleKey& key,
                                  std::string_view name, Scratch& scratch) const {
   Image* cur = &scratch.a;
   Image* other = &scratch.b;
@@ -67,7 +67,7 @@ const Image& Pipeline::transform(std::span<const std::uint8_t> encoded, const Sa
   return sample.image();
 }
 
-void Pipeline::emit(const Image& image, std::byte* out) const {
+void ImagePipeline::emit(const Image& image, std::byte* out) const {
   if (spec_.output == OutputType::kUint8) return to_chw_uint8(image, reinterpret_cast<std::uint8_t*>(out));
   NormalizeOp norm;
   if (!spec_.ops.empty()) {
@@ -76,7 +76,7 @@ void Pipeline::emit(const Image& image, std::byte* out) const {
   to_chw_float(image, norm.mean, norm.std, reinterpret_cast<float*>(out));
 }
 
-Tensor Pipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name) const {
+Tensor ImagePipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name) const {
   Scratch scratch;
   const Image& image = transform(encoded, key, name, scratch);
   Tensor t;
@@ -87,7 +87,7 @@ Tensor Pipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key
   return t;
 }
 
-SampleLayout Pipeline::layout(const Source& /*source*/) const {
+SampleLayout ImagePipeline::layout(const Source& /*source*/) const {
   const std::optional<Shape> shape = fixed_shape();
   if (!shape) {
     throw_error(Errc::kInvalidArgument,
@@ -98,7 +98,7 @@ SampleLayout Pipeline::layout(const Source& /*source*/) const {
                       spec_.output};
 }
 
-BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+BatchResult ImagePipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
                                 std::uint64_t epoch, const BatchOut& out, WorkerPool* pool) const {
   const SampleLayout shape = layout(source);
   const std::size_t sample_bytes = shape.sample_bytes();
@@ -121,10 +121,10 @@ BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint6
                      });
 }
 
-BatchResult Pipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
+BatchResult ImagePipeline::run_batch(const Source& source, std::span<const std::uint64_t> indices, std::uint64_t seed,
                                 std::uint64_t epoch, std::span<std::byte> images, std::span<std::int64_t> labels,
                                 WorkerPool* pool) const {
   return run_batch(source, indices, seed, epoch, BatchOut{images, labels, {}}, pool);
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

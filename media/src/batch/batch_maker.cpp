@@ -11,10 +11,12 @@
 #include "core/error.hpp"
 #include "media/audio.hpp"
 #include "media/image.hpp"
-#include "media/pipeline.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/video.hpp"
 
-namespace dlop::offload {
+#include "../source/concrete_sources.hpp"
+
+namespace dlop::media {
 
 std::size_t SampleLayout::elements() const {
   std::size_t n = 1;
@@ -35,7 +37,7 @@ std::unique_ptr<BatchMaker> make_batch_maker(std::string_view spec_json) {
     kind = spec["kind"].get<std::string>();
     spec.erase("kind");
   }
-  if (kind == "image") return std::make_unique<Pipeline>(TransformSpec::from_json(spec.dump()));
+  if (kind == "image") return std::make_unique<ImagePipeline>(TransformSpec::from_json(spec.dump()));
   if (kind == "video") return make_clip_pipeline(spec.dump());
   if (kind == "audio") return make_audio_pipeline(spec.dump());
   throw_error(Errc::kInvalidArgument,
@@ -116,4 +118,4 @@ BatchResult run_samples(const Source& source, std::span<const std::uint64_t> ind
   return result;
 }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

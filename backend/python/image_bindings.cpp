@@ -1,6 +1,7 @@
-// dlop._C.offload: the native data pipeline for Python, numpy in and out.
-// Images are uint8 arrays of shape (H, W, 3) (PIL's layout); tensors the
-// pipeline makes are CHW. The heavy calls release the GIL.
+// dlop._C.media's image parts: decode and encode, the ops, and the image
+// pipeline, numpy in and out. Images are uint8 arrays of shape (H, W, 3)
+// (PIL's layout); tensors the pipeline makes are CHW. The heavy calls release
+// the GIL.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,16 +10,15 @@
 
 #include "bindings.hpp"
 #include "media/codec.hpp"
+#include "media/image_pipeline.hpp"
 #include "media/ops.hpp"
-#include "media/pipeline.hpp"
-#include "media/source.hpp"
 
 namespace py = pybind11;
 
 namespace dlop::python {
 namespace {
 
-using namespace dlop::offload;
+using namespace dlop::media;
 using U8Array = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
 using Size = std::pair<int, int>;
 
@@ -186,85 +186,22 @@ void bind_ops(py::module_& m) {
       "a pipeline's op number i uses stream i");
 }
 
-MediaKind media_kind(const std::string& kind) {
-  if (kind == "image") return MediaKind::kImage;
-  if (kind == "video") return MediaKind::kVideo;
-  if (kind == "audio") return MediaKind::kAudio;
-  throw py::value_error("kind must be \"image\", \"video\" or \"audio\", not \"" + kind + "\"");
-}
-
-void bind_sources(py::module_& m) {
-  py::class_<Source, std::shared_ptr<Source>>(m, "Source", "a folder by class, a manifest or a record file (open_source)")
-      .def("__len__", &Source::size)
-      .def_property_readonly("classes", &Source::classes)
-      .def("label", &Source::label, py::arg("index"))
-      .def("name", &Source::name, py::arg("index"))
-      .def_property_readonly("multi_label", &Source::multi_label)
-      .def("labels", &Source::labels, py::arg("index"))
-      .def_property_readonly("shard_sizes", &Source::shard_sizes,
-                             "samples per shard, in index order (tar shards); [] for other sources")
-      .def(
-          "time_span", [](const Source& s, std::size_t i) { return py::make_tuple(s.time_span(i).start, s.time_span(i).end); },
-          py::arg("index"), "(start, end) seconds; end < 0: to the end")
-      .def(
-          "read",
-          [](const Source& s, std::size_t i) {
-            std::vector<std::uint8_t> scratch;
-            std::span<const std::uint8_t> bytes;
-            {
-              py::gil_scoped_release release;
-              bytes = s.read(i, scratch);
-            }
-            return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          },
-          py::arg("index"), "the sample's encoded bytes");
-  m.def(
-      // Paths as str (os.fspath on the Python side): torch < 2.8 bundles a
-      // pybind11 without stl/filesystem.h.
-      "open_source",
-      [](const std::string& p, const std::string& kind) {
-        const MediaKind k = media_kind(kind);
-        py::gil_scoped_release release;  // a remote source may wait out a store's outage
-        return std::shared_ptr<Source>(open_source(p, k));
-      },
-      py::arg("path"), py::arg("kind") = "image",
-      "a folder opens as a folder by class of that kind (torchvision's order and labels), a .csv or .jsonl file as "
-      "a manifest, any other file, or an s3:// or http(s):// URL, as a record file");
-  m.def(
-      "pack",
-      [](const std::string& root, const std::string& out, const std::string& kind) {
-        const MediaKind k = media_kind(kind);
-        PackStats s;
-        {
-          py::gil_scoped_release release;
-          s = pack_path(root, out, k);
-        }
-        py::dict d;
-        d["records"] = s.records;
-        d["classes"] = s.classes;
-        d["bytes"] = s.bytes;
-        return d;
-      },
-      py::arg("root"), py::arg("out"), py::arg("kind") = "image",
-      "dlop pack: a folder by class of that kind, or a manifest, into one checksummed record file");
-}
-
-void bind_pipeline(py::module_& m) {
+void bind_image_pipeline(py::module_& m) {
   m.def("transform_ops", &describe_ops,
         "the native ops a transform spec may name, with their parameters (JSON text: a list of "
         "{op, params: [{name, kind, required, default, expected}]})");
-  py::class_<Pipeline>(m, "Pipeline", "a transform spec (JSON) run natively")
-      .def(py::init([](const std::string& json) { return Pipeline::from_json(json); }), py::arg("spec"))
-      .def_property_readonly("spec", [](const Pipeline& p) { return p.spec().to_json(); })
+  py::class_<ImagePipeline>(m, "ImagePipeline", "an image transform spec (JSON) run natively")
+      .def(py::init([](const std::string& json) { return ImagePipeline::from_json(json); }), py::arg("spec"))
+      .def_property_readonly("spec", [](const ImagePipeline& p) { return p.spec().to_json(); })
       .def_property_readonly("fixed_shape",
-                             [](const Pipeline& p) -> py::object {
+                             [](const ImagePipeline& p) -> py::object {
                                const auto s = p.fixed_shape();
                                if (!s) return py::none();
                                return py::make_tuple(s->channels, s->height, s->width);
                              })
       .def(
           "run",
-          [](const Pipeline& p, const py::buffer& data, std::uint64_t seed, std::uint64_t epoch, std::uint64_t index,
+          [](const ImagePipeline& p, const py::buffer& data, std::uint64_t seed, std::uint64_t epoch, std::uint64_t index,
              const std::string& name) {
             py::buffer_info info;
             const auto bytes = as_bytes(data, info);
@@ -279,7 +216,7 @@ void bind_pipeline(py::module_& m) {
           "one sample's encoded bytes -> CHW array; raises SampleError whatever the policy")
       .def(
           "run_batch",
-          [](const Pipeline& p, const Source& source, const std::vector<std::uint64_t>& indices, std::uint64_t seed,
+          [](const ImagePipeline& p, const Source& source, const std::vector<std::uint64_t>& indices, std::uint64_t seed,
              std::uint64_t epoch, std::size_t threads) {
             const auto shape = p.fixed_shape();
             if (!shape) throw py::value_error("run_batch needs a spec with a fixed output size");
@@ -308,14 +245,10 @@ void bind_pipeline(py::module_& m) {
 
 }  // namespace
 
-void bind_offload(py::module_& root) {
-  py::module_ m = root.def_submodule("offload", "the native data pipeline (decode, ops, specs, sources)");
-  // A bad sample is a ValueError subclass, so callers can catch just those
-  // (raised as such by error_bindings.cpp).
-  m.attr("SampleError") = py::module_::import("dlop.errors").attr("SampleError");
+void bind_image(py::module_& root) {
+  py::module_ m = root.attr("media").cast<py::module_>();
   bind_ops(m);
-  bind_sources(m);
-  bind_pipeline(m);
+  bind_image_pipeline(m);
 }
 
 }  // namespace dlop::python

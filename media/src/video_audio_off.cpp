@@ -8,7 +8,7 @@
 #include "media/audio.hpp"
 #include "media/video.hpp"
 
-namespace dlop::offload {
+namespace dlop::media {
 namespace {
 
 [[noreturn]] void refuse(std::string_view what) {
@@ -28,4 +28,4 @@ FrameIndex scan_frame_index(std::span<const std::uint8_t>, std::string_view name
 // Never reached (no FrameIndex is made without FFmpeg), but pack.cpp names it.
 std::vector<std::uint8_t> FrameIndex::serialize() const { refuse("frame index"); }
 
-}  // namespace dlop::offload
+}  // namespace dlop::media

@@ -159,7 +159,7 @@ class Server {
   // Sends a BATCH_READY with the daemon's busy fraction as it is now.
   void reply_ready(Conn& c, protocol::BatchReady ready);
   // One open source per (kind, path), shared by the connections that use it.
-  std::shared_ptr<const Source> open_source_cached(const std::string& path, std::string_view kind);
+  std::shared_ptr<const media::Source> open_source_cached(const std::string& path, std::string_view kind);
 
   ServerOptions options_;
   transport::net::UniqueFd listener_;
@@ -180,7 +180,7 @@ class Server {
   spdlog::level::level_enum drain_level_ = spdlog::level::info;  // of the drain's log lines
   // Sources open for some connection, shared so that several connections on
   // one dataset scan it once; dropped with the last user.
-  std::map<std::string, std::weak_ptr<const Source>> sources_;
+  std::map<std::string, std::weak_ptr<const media::Source>> sources_;
   // After stats_, so that it stops before them.
   std::unique_ptr<MetricsServer> metrics_;
 };

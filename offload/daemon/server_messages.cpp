@@ -90,11 +90,14 @@ void Server::on_hello(Conn& c, const protocol::Frame& frame) {
                              options_.name, host_identity(), c.direct_nonce});
 }
 
-std::shared_ptr<const Source> Server::open_source_cached(const std::string& path, std::string_view kind) {
+std::shared_ptr<const media::Source> Server::open_source_cached(const std::string& path, std::string_view kind) {
   const std::string key = std::string(kind) + ":" + path;
   if (auto s = sources_[key].lock()) return s;
-  const MediaKind media = kind == "video" ? MediaKind::kVideo : kind == "audio" ? MediaKind::kAudio : MediaKind::kImage;
-  std::shared_ptr<const Source> s = open_source(path, media);
+  using media::MediaKind;
+  const MediaKind media_kind = kind == "video"   ? MediaKind::kVideo
+                               : kind == "audio" ? MediaKind::kAudio
+                                                 : MediaKind::kImage;
+  std::shared_ptr<const media::Source> s = media::open_source(path, media_kind);
   sources_[key] = s;
   std::erase_if(sources_, [](const auto& kv) { return kv.second.expired(); });
   return s;
@@ -107,12 +110,12 @@ void Server::on_configure(Conn& c, const protocol::Configure& m) {
   }
   if (!m.python.empty()) return configure_python(c, m);
   try {
-    std::shared_ptr<const BatchMaker> maker = make_batch_maker(m.transform);
-    std::shared_ptr<const Source> source = open_source_cached(m.source, maker->kind());
-    const SampleLayout sample = maker->layout(*source);
+    std::shared_ptr<const media::BatchMaker> maker = media::make_batch_maker(m.transform);
+    std::shared_ptr<const media::Source> source = open_source_cached(m.source, maker->kind());
+    const media::SampleLayout sample = maker->layout(*source);
     protocol::Configured layout;
     layout.shape = sample.shape;
-    layout.dtype = sample.dtype == OutputType::kUint8 ? protocol::Dtype::kUint8 : protocol::Dtype::kFloat32;
+    layout.dtype = sample.dtype == media::OutputType::kUint8 ? protocol::Dtype::kUint8 : protocol::Dtype::kFloat32;
     layout.sample_bytes = sample.sample_bytes();
     layout.label_width = sample.label_width;
     // Labels and lengths start on 64-byte boundaries, so every part is an

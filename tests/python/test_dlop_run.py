@@ -32,6 +32,7 @@ pytestmark = pytest.mark.long_file(seconds=150)  # handed out first (conftest.py
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
+media = pytest.importorskip("dlop._C").media
 
 from dlop.cli import main as dlop_main  # noqa: E402
 
@@ -103,8 +104,8 @@ def setup(tmp_path_factory):
     script = d / "train.py"
     script.write_text(SCRIPT)
     # Every sample's key, made by dlop's native pipeline (bit-identical to torchvision for these ops).
-    source = offload.open_source(str(data))
-    images, labels, _ = offload.Pipeline(json.dumps(SPEC)).run_batch(source, list(range(len(source))), seed=0, epoch=0)
+    source = media.open_source(str(data))
+    images, labels, _ = media.ImagePipeline(json.dumps(SPEC)).run_batch(source, list(range(len(source))), seed=0, epoch=0)
     keys = [[int(labels[i]), hashlib.sha1(images[i].tobytes()).hexdigest()[:16]] for i in range(len(source))]
     return data, script, keys
 

@@ -160,6 +160,7 @@ def test_dlop_run_uses_every_offloader_behind_a_name(tmp_path):
 
     torch = pytest.importorskip("torch")  # noqa: F841
     offload = pytest.importorskip("dlop._C").offload
+    media = pytest.importorskip("dlop._C").media
     hosts = tmp_path / "hosts"
     hosts.write_text(f"127.0.0.1 localhost\n127.0.0.2 {NAME}\n127.0.0.3 {NAME}\n::1 {NAME}\n")
     resolved = subprocess.run(_in_private_hosts(hosts, [sys.executable, "-c", "import sys; from dlop import fleet; "
@@ -199,8 +200,8 @@ def test_dlop_run_uses_every_offloader_behind_a_name(tmp_path):
     for log in logs:  # both addresses behind the name served the job
         assert f"configured: {data}" in log.read_text()
     (r,) = run_test.results(done.stdout)
-    source = offload.open_source(str(data))
-    images, labels, _ = offload.Pipeline(json.dumps(run_test.SPEC)).run_batch(source, list(range(len(source))),
+    source = media.open_source(str(data))
+    images, labels, _ = media.ImagePipeline(json.dumps(run_test.SPEC)).run_batch(source, list(range(len(source))),
                                                                            seed=0, epoch=0)
     keys = [[int(labels[i]), hashlib.sha1(images[i].tobytes()).hexdigest()[:16]] for i in range(len(source))]
     for epoch, got in enumerate(r["epochs"]):

@@ -55,10 +55,10 @@ def cluster(tmp_path_factory):
 
 def _reference_keys(data: Path) -> list:
     """Each sample's (label, digest) as this host's pipeline makes it: what the job's batches must hold."""
-    from dlop._C import offload
+    from dlop._C import media
 
-    source = offload.open_source(str(data))
-    images, labels, _ = offload.Pipeline(json.dumps(run_test.SPEC)).run_batch(source, list(range(len(source))),
+    source = media.open_source(str(data))
+    images, labels, _ = media.ImagePipeline(json.dumps(run_test.SPEC)).run_batch(source, list(range(len(source))),
                                                                              seed=0, epoch=0)
     return [[int(labels[i]), hashlib.sha1(images[i].tobytes()).hexdigest()[:16]] for i in range(len(source))]
 

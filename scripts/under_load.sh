@@ -5,8 +5,8 @@
 #   scripts/under_load.sh N "command beside the load" ["command after it"]
 #
 # The busy processes are killed however the first command ends (exit, failure, Ctrl-C, TERM), and
-# each also ends on its own once this script is gone (checked about once a second), so that not even
-# a SIGKILLed run leaves a core spinning.
+# each also ends on its own once this script is gone (checked after each second or so of its own CPU
+# time), so that not even a SIGKILLed run leaves a core spinning.
 set -uo pipefail
 n=$1; loaded=$2; after=${3:-}
 pids=()

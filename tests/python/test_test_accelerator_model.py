@@ -143,6 +143,8 @@ def test_copies_in_one_direction_take_turns_and_opposite_directions_overlap():
     assert opposite < same_direction * 0.8, (opposite, same_direction)
 
 
+# The upper bound (not charged twice) is a time a busy machine stretches: it failed beside four busy loops.
+@pytest.mark.alone(reason="a modelled copy's time, bounded above")
 def test_a_copy_within_a_device_costs_device_memory_bandwidth():
     # 64 MiB read and written at 0.5 GB/s: 268 ms; and by default, 90 times
     # the link's rate (a GPU's HBM to its PCIe link): at 0.01 GB/s, 149 ms.

@@ -211,7 +211,7 @@ def test_discovered_offloaders_including_one_joining_mid_epoch(setup, plain, tok
                              env=logged)
     second = trainer = None
     try:
-        from dlop.data import discovery
+        from dlop.fleet import discovery
 
         wait_for(lambda: discovery.discover(store), 30, "the first offloader's announcement")
         gate = tmp_path / "go"
@@ -321,7 +321,7 @@ def test_the_command_replaces_dlop_run_exit_status_and_pid():
 ])
 def test_bad_arguments_are_named(args, message, monkeypatch, capsys):
     # In this process: what `dlop run` prints and exits with, without starting Python and torch again for each.
-    from dlop import run as dlop_run_module
+    from dlop.fleet import run as dlop_run_module
 
     for name in [k for k in os.environ if k.startswith(("DLOP_RUN_", "DLOP_OFFLOAD_TOKEN"))]:
         monkeypatch.delenv(name)
@@ -423,7 +423,7 @@ def test_local_offloaders_make_every_batch_and_are_gone_after(setup, plain):
 
 
 def test_the_default_is_one_daemon_per_spare_core():
-    from dlop.local_offloaders import default_count, trainer_ranks
+    from dlop.fleet.local import default_count, trainer_ranks
 
     cores = len(os.sched_getaffinity(0))
     assert trainer_ranks(["python", "train.py"]) == 1

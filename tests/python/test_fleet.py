@@ -1,4 +1,4 @@
-"""`dlop run --offloaders-dns NAME:PORT`: every address behind a name (dlop.fleet).
+"""`dlop run --offloaders-dns NAME:PORT`: every address behind a name (dlop.fleet.dns).
 
 Names are resolved by the system's resolver. The reference is glibc's own
 answer through another program (`getent ahosts`). For a name with several
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dlop import fleet
+from dlop.fleet import dns
 
 BIN = Path(sys.executable).parent
 
@@ -42,8 +42,8 @@ def _getent(name: str) -> list[str]:
 def test_a_name_resolves_to_every_address_the_system_resolver_gives(name):
     want = _getent(name)
     assert want, f"{name} does not resolve here"
-    got = fleet.resolve(f"{name}:7001")
-    assert got == [fleet.join_host_port(a, 7001) for a in want]
+    got = dns.resolve(f"{name}:7001")
+    assert got == [dns.join_host_port(a, 7001) for a in want]
 
 
 @pytest.mark.parametrize("text, want", [
@@ -52,7 +52,7 @@ def test_a_name_resolves_to_every_address_the_system_resolver_gives(name):
     ("127.0.0.1:65535", ["127.0.0.1:65535"]),
 ])
 def test_literal_addresses_resolve_to_themselves(text, want):
-    assert fleet.resolve(text) == want
+    assert dns.resolve(text) == want
 
 
 @pytest.mark.parametrize("text, message", [
@@ -65,20 +65,20 @@ def test_literal_addresses_resolve_to_themselves(text, want):
 ])
 def test_malformed_names_are_refused_naming_them(text, message):
     with pytest.raises(ValueError, match=message):
-        fleet.resolve(text)
+        dns.resolve(text)
 
 
 def test_a_name_that_does_not_resolve_is_named():
     with pytest.raises(OSError, match="no-such-host.invalid does not resolve"):
-        fleet.resolve("no-such-host.invalid:7001")
+        dns.resolve("no-such-host.invalid:7001")
 
 
 def test_waiting_names_every_address_tried_and_every_name_that_failed():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    candidates = fleet.Candidates([dead], ["no-such-host.invalid:1"])
-    ready, why = fleet.wait_for_any(candidates, 0)
+    candidates = dns.Candidates([dead], ["no-such-host.invalid:1"])
+    ready, why = dns.wait_for_any(candidates, 0)
     assert ready == []
     assert why.startswith("no offloader answered: ") and dead in why and "no-such-host.invalid does not resolve" in why
 
@@ -88,12 +88,12 @@ def test_waiting_returns_once_an_offloader_starts_listening():
         late.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{late.getsockname()[1]}"
         threading.Timer(0.3, late.listen).start()
-        ready, why = fleet.wait_for_any(fleet.Candidates([address], []), 60)
+        ready, why = dns.wait_for_any(dns.Candidates([address], []), 60)
     assert ready == [address] and why == ""
 
 
 def test_waiting_for_nothing_returns_at_once():
-    assert fleet.wait_for_any(fleet.Candidates([], []), 3600) == ([], "no offloader address or name was given")
+    assert dns.wait_for_any(dns.Candidates([], []), 3600) == ([], "no offloader address or name was given")
 
 
 def test_the_watcher_reports_an_address_once_when_it_starts_answering():
@@ -110,7 +110,7 @@ def test_the_watcher_reports_an_address_once_when_it_starts_answering():
                 reported.append(a)
                 event.set()
 
-            watcher = fleet.Watcher(fleet.Candidates([known, address], []), callback, seen=[known], interval=0.05)
+            watcher = dns.Watcher(dns.Candidates([known, address], []), callback, seen=[known], interval=0.05)
             try:
                 assert not event.wait(0.3)  # nothing listens at `address` yet; `known` was seen already
                 late.listen()
@@ -163,8 +163,8 @@ def test_dlop_run_uses_every_offloader_behind_a_name(tmp_path):
     media = pytest.importorskip("dlop._C").media
     hosts = tmp_path / "hosts"
     hosts.write_text(f"127.0.0.1 localhost\n127.0.0.2 {NAME}\n127.0.0.3 {NAME}\n::1 {NAME}\n")
-    resolved = subprocess.run(_in_private_hosts(hosts, [sys.executable, "-c", "import sys; from dlop import fleet; "
-                                                        f"print(','.join(fleet.resolve('{NAME}:' + sys.argv[1])))",
+    resolved = subprocess.run(_in_private_hosts(hosts, [sys.executable, "-c", "import sys; from dlop.fleet import dns; "
+                                                        f"print(','.join(dns.resolve('{NAME}:' + sys.argv[1])))",
                                                         "7001"]), capture_output=True, text=True, timeout=60)
     assert sorted(resolved.stdout.strip().split(",")) == ["127.0.0.2:7001", "127.0.0.3:7001", "[::1]:7001"], \
         resolved.stderr  # every record, in the resolver's preference order

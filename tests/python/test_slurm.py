@@ -36,9 +36,9 @@ import test_dlop_run as run_test  # noqa: E402  (its training script, which know
 
 from processes import wait_for  # noqa: E402
 
-from dlop import _slurm, fleet  # noqa: E402
+from dlop.fleet import dns, slurm  # noqa: E402
 from dlop.cli import main as dlop_main  # noqa: E402
-from dlop.run import environment  # noqa: E402
+from dlop.fleet.run import environment  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "dlop_hetjob.sbatch"
@@ -111,7 +111,7 @@ def job(cluster, tmp_path_factory):
         # A lost spot node: the offloader component is cancelled while the trainer is mid-epoch.
         cancelled = cluster.run(["scancel", f"{jid}+1"])
         assert cancelled.returncode == 0, cancelled.stderr
-        wait_for(lambda: fleet.answers(address, timeout=0.5) is not None, 30, f"the offloader at {address} to go")
+        wait_for(lambda: dns.answers(address, timeout=0.5) is not None, 30, f"the offloader at {address} to go")
         gate.touch()
         wait_for(lambda: _job_state(cluster, jid) in ENDED, DEADLINE, "the job to end", [output])
         seen["state"] = _job_state(cluster, jid)
@@ -130,23 +130,23 @@ HET = {"SLURM_JOB_ID": "43210", "SLURM_JOB_NODELIST_HET_GROUP_1": "node[01-02],g
 
 @pytest.mark.parametrize("text, counts", [("1", [1]), ("2(x3),1", [2, 2, 2, 1]), ("4(x1)", [4])])
 def test_tasks_per_node_lists_expand(text, counts):
-    assert _slurm.tasks_per_node(text) == counts
+    assert slurm.tasks_per_node(text) == counts
 
 
 @pytest.mark.parametrize("text", ["", "2(x)", "x", "2(x3)1"])
 def test_malformed_tasks_per_node_lists_are_named(text):
     with pytest.raises(ValueError, match="is not N or N"):
-        _slurm.tasks_per_node(text)
+        slurm.tasks_per_node(text)
 
 
 def test_the_offloaders_of_het_group_1_are_its_tasks_on_the_jobs_port():
     # 10000 + 43210 % 10000 = 13210 on every node, +1 for a node's second task.
-    assert _slurm.het_offloaders(HET) == ["node01:13210", "node01:13211", "node02:13210", "node02:13211",
+    assert slurm.het_offloaders(HET) == ["node01:13210", "node01:13211", "node02:13210", "node02:13211",
                                           "gpu7:13210"]
-    assert _slurm.het_offloaders({**HET, "DLOP_SLURM_OFFLOADER_PORT": "7001"})[:2] == ["node01:7001", "node01:7002"]
+    assert slurm.het_offloaders({**HET, "DLOP_SLURM_OFFLOADER_PORT": "7001"})[:2] == ["node01:7001", "node01:7002"]
     one_each = {k: v for k, v in HET.items() if not k.startswith("SLURM_TASKS")}
-    assert _slurm.het_offloaders(one_each) == ["node01:13210", "node02:13210", "gpu7:13210"]
-    assert _slurm.het_offloaders({"SLURM_JOB_ID": "5"}) is None  # not a het job
+    assert slurm.het_offloaders(one_each) == ["node01:13210", "node02:13210", "gpu7:13210"]
+    assert slurm.het_offloaders({"SLURM_JOB_ID": "5"}) is None  # not a het job
 
 
 @pytest.mark.parametrize("change, message", [
@@ -157,7 +157,7 @@ def test_the_offloaders_of_het_group_1_are_its_tasks_on_the_jobs_port():
 ])
 def test_unreadable_job_variables_are_named(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        _slurm.het_offloaders({**HET, **change})
+        slurm.het_offloaders({**HET, **change})
 
 
 def test_dlop_run_in_a_het_job_step_takes_the_offloaders_and_ranks_from_the_job(tmp_path, capsys):
@@ -167,7 +167,7 @@ def test_dlop_run_in_a_het_job_step_takes_the_offloaders_and_ranks_from_the_job(
             "SLURM_STEP_NODELIST": "n[3-4]", "DLOP_OFFLOAD_TOKEN_FILE": str(token), "LOCAL_RANK": "7"}
     command, env, local = environment(["--", "python", "train.py"], step)
     assert local is None and command == ["python", "train.py"]
-    assert env["DLOP_RUN_OFFLOADERS"] == ",".join(_slurm.het_offloaders(HET)) and env["DLOP_RUN_WAIT"] == "120"
+    assert env["DLOP_RUN_OFFLOADERS"] == ",".join(slurm.het_offloaders(HET)) and env["DLOP_RUN_WAIT"] == "120"
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "7")  # what is set stays
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("n3", str(20000 + 43210 % 20000))
     assert "the offloaders of het group 1: node01:13210" in capsys.readouterr().err
@@ -183,7 +183,7 @@ def test_dlop_run_in_a_het_job_step_takes_the_offloaders_and_ranks_from_the_job(
 
 
 def test_local_offloaders_under_srun_share_the_nodes_cpus_between_its_tasks():
-    from dlop.local_offloaders import default_count
+    from dlop.fleet.local import default_count
 
     step = {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2,4(x2)", "SLURM_NODEID": "1",
             "SLURM_CPUS_ON_NODE": "32"}

@@ -32,6 +32,7 @@
    tracked files.
 4. bench/results/ stays a size a clone carries: under 400 tracked files and
    under 5 MB (5,000,000 bytes) in all.
+5. docs/architecture.md stays readable in one sitting: at most 400 lines.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{7,12}$")
 PLOT = re.compile(r"^[^/]+\.(?:png|svg)$")
 MAX_RESULT_FILES = 400
 MAX_RESULT_BYTES = 5_000_000
+MAX_ARCHITECTURE_LINES = 400
 # A markdown link's or image's target: [text](target "title"), [text](<target>), [label]: target.
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'][^)]*)?\)|^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1", re.M | re.S)
@@ -236,6 +238,13 @@ def _packer():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_architecture_fits_one_sitting():
+    lines = (ROOT / "docs/architecture.md").read_text().count("\n")
+    assert lines <= MAX_ARCHITECTURE_LINES, (
+        f"docs/architecture.md has {lines} lines; keep it at {MAX_ARCHITECTURE_LINES} or fewer "
+        "(details belong in the headers and docs it names)")
 
 
 def test_pack_results_makes_the_layout_deterministically(tmp_path):

@@ -167,7 +167,7 @@ test-under-load: build
 # The benchmark lab (bench/, python -m bench.NAME) at tiny sizes: its harnesses run end to end and write what
 # their reports read. Not part of test: the product's tests stay lean; CI runs both.
 check-bench: build
-	@echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench && \
+	@$(VENV_PY) scripts/install_peers.py || exit 1; echo "$(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench"; $(PYTEST) $(PYTEST_ARGS) -m 'not alone' tests/bench && \
 	  { echo "$(PYTEST) -m alone tests/bench"; $(PYTEST) -m alone tests/bench; rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
 
 test-asan: deps

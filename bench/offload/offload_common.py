@@ -66,6 +66,21 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def memcpy_gb_s(mib: int = 256, reps: int = 5) -> float:
+    """The best of `reps` one-thread copies of `mib` MiB, in GB/s: what a core's memory path moves, to set a
+    rate in images per CPU-second against."""
+    import numpy as np
+
+    src = np.ones(mib << 20, np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return src.nbytes / best / 1e9
+
+
 def trainer_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

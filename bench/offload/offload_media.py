@@ -32,6 +32,14 @@ padded to their longest, with lengths. Rows: ``native`` as above;
 ``soundfile``: soundfile.read + soxr.resample + torch.stft + the same mel
 matrix, in a DataLoader with k workers and a padding collate.
 
+The peers (``bench.offload.peers_media``; ``python scripts/install_peers.py``): video
+``spdl`` (SPDL's thread pipeline, ``sample_decode_video`` with an FFmpeg filter
+graph per clip) and ``dali_cpu`` (DALI's CPU video reader, which decodes VP8,
+VP9 and MJPEG only: on these H.264 clips its row says so); audio ``spdl``
+(FFmpeg decode to 16 kHz mono in SPDL's pipeline, then the ``soundfile`` row's
+features). They pass a data check before they are timed: shapes and dtype,
+and an epoch of the dataset's samples, every class as often.
+
 Figures as in ``python -m bench.offload``: samples/s, CPU-seconds per
 sample of every process doing the work, peak RSS; but the trainer's CPU per
 sample is what the trainer's host pays: the trainer process and its
@@ -59,10 +67,12 @@ from bench.common import _common
 from bench.offload.offload_common import (Daemons, descendants, finish, offloader_path, parse_cpus, proc_peak_mib,
                                   timed_passes)
 
-VIDEO_PIPELINES = ("native", "native_fast", "torchcodec", "pyav", "decode_floor")
+VIDEO_PIPELINES = ("native", "native_fast", "torchcodec", "pyav", "decode_floor", "spdl", "dali_cpu")
 # Rows that bound the others rather than compete with them.
 BOUNDS = ("decode_floor",)
-AUDIO_PIPELINES = ("native", "soundfile")
+AUDIO_PIPELINES = ("native", "soundfile", "spdl")
+# The loaders users pick instead of a DataLoader (bench.offload.peers_media): in the trainer process.
+PEERS = ("spdl", "dali_cpu")
 
 # The issue's clip workload; the baselines below read the same numbers.
 FRAMES, STRIDE, SHORT_SIDE, CROP, HFLIP = 16, 2, (128, 160), 112, 0.5
@@ -323,10 +333,7 @@ class SoundfileFeatures(_Files):
     def __getitem__(self, i):
         import soundfile
         import soxr
-        import torch
 
-        if self.window is None:
-            self.window = torch.hann_window(N_FFT, periodic=True)
         path, label = self.files[i]
         audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
         mono = audio.mean(axis=1, dtype="float32")
@@ -336,6 +343,14 @@ class SoundfileFeatures(_Files):
         if len(mono) > crop:
             start = random.randint(0, len(mono) - crop)
             mono = mono[start:start + crop]
+        return self.features(mono), label
+
+    def features(self, mono):
+        """16 kHz mono float32 samples -> the normalised, masked log-mel features (mels x frames)."""
+        import torch
+
+        if self.window is None:
+            self.window = torch.hann_window(N_FFT, periodic=True)
         spec = torch.stft(torch.from_numpy(mono.copy()), N_FFT, HOP, window=self.window, center=True,
                           pad_mode="reflect", return_complex=True)
         mel = torch.log(self.filters @ spec.abs().square() + LOG_OFFSET)
@@ -349,7 +364,7 @@ class SoundfileFeatures(_Files):
             width = random.randint(0, min(TIME_MASK_WIDTH, frames))
             at = random.randint(0, frames - width)
             mel[:, at:at + width] = 0
-        return mel, label
+        return mel
 
 
 def pad_collate(batch):
@@ -534,9 +549,26 @@ def print_ratios(rows: list[dict]) -> None:
             print(f"# bound: {best_cpu['pipeline']} / decode_floor = {bound:.2f}x: no exact pipeline over this "
                   f"libavcodec gains more samples per CPU-second over {best_cpu['pipeline']}; {name} reaches "
                   f"{per_cpu:.2f}x")
+        peers = [r for n, r in by.items() if n in PEERS]
+        if peers:
+            best_peer = min(peers, key=lambda r: r["cpu_s_per_sample"])
+            vs_peer = best_peer["cpu_s_per_sample"] / native["cpu_s_per_sample"]
+            print(f"# {name} vs the best peer ({best_peer['pipeline']}): {vs_peer:.2f}x samples per CPU-second "
+                  f"(target >= 1.2: {'met' if vs_peer >= 1.2 else 'NOT met'})")
         print(f"# targets, {name}: samples per CPU-second {per_cpu:.2f}x the best baseline ({best_cpu['pipeline']}; "
               f"target >= 2: {'met' if per_cpu >= 2 else 'NOT met'}); trainer CPU per sample {trainer:.3f} of the "
               f"lowest ({best_trainer['pipeline']}; target <= 0.1: {'met' if trainer <= 0.1 else 'NOT met'})")
+
+
+def audio_filters(spec: dict):
+    """The native pipeline's own mel matrix, so that every audio row computes the same features; None for video."""
+    if spec["kind"] != "audio":
+        return None
+    import torch
+
+    from dlop import _C
+
+    return torch.from_numpy(_C.media.audio.mel_filter_bank(json.dumps(spec)))
 
 
 def main(argv=None) -> int:
@@ -578,28 +610,31 @@ def main(argv=None) -> int:
         header["cross_check"] = check
         print_cross_check(check)
     rows = []
-    filters = None
     for name in pipelines:
         row = {"pipeline": name, "workers": args.workers}
         args.current = name
-        if not name.startswith("native") and (why := missing(name)):
+        if not name.startswith("native") and name not in PEERS and (why := missing(name)):
             row["unavailable"] = why
         elif name == "native":
             row.update(run_native(args, data, spec, batches, unit))
+        elif name in PEERS:
+            from bench.offload.data_check import DataCheckError
+            from bench.offload.peers_media import media_missing, run_media_peer
+
+            if why := media_missing(name, video, files):
+                row["unavailable"] = why
+            else:
+                try:
+                    row.update(run_media_peer(name, args, files, data, batches, unit, audio_filters(spec)))
+                except DataCheckError as e:
+                    row["unavailable"] = f"data check failed: {e}"
         elif name == "native_fast":
             row.update(run_native(args, data, {**spec, "rgb": "fast"}, batches, unit))
         elif video:
             dataset = {"torchcodec": TorchcodecClips, "pyav": PyAVClips, "decode_floor": DecodeFloorClips}[name](files)
             row.update(run_dataloader(args, dataset, None, batches, unit))
         else:
-            if filters is None:
-                import torch
-
-                from dlop import _C
-
-                # The native pipeline's own mel matrix, so both compute the same features.
-                filters = torch.from_numpy(_C.media.audio.mel_filter_bank(json.dumps(spec)))
-            row.update(run_dataloader(args, SoundfileFeatures(files, filters), pad_collate, batches, unit))
+            row.update(run_dataloader(args, SoundfileFeatures(files, audio_filters(spec)), pad_collate, batches, unit))
         rows.append(row)
     return finish(args.json, header, rows, print_ratios)
 

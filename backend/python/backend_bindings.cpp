@@ -51,12 +51,14 @@ void bind_backend(py::module_& m) {
   py::class_<backend::ProcessGroupDlop, c10d::Backend, c10::intrusive_ptr<backend::ProcessGroupDlop>>(
       m, "ProcessGroupDlop", "torch.distributed backend \"dlop\" (a c10d::Backend over dlop's engine)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::string group_name) {
-             return c10::make_intrusive<backend::ProcessGroupDlop>(store, rank, size, timeout,
-                                                                   std::move(global_ranks), std::move(group_name));
+                       std::chrono::milliseconds timeout, std::vector<int> global_ranks, std::string group_name,
+                       bool own_engine) {
+             return c10::make_intrusive<backend::ProcessGroupDlop>(
+                 store, rank, size, timeout, std::move(global_ranks), std::move(group_name), own_engine);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = std::string{},
+           py::arg("own_engine") = false,
            py::call_guard<py::gil_scoped_release>())
       .def(
           "set_device_backend",

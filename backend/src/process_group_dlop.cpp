@@ -35,7 +35,7 @@ void check_tag(int tag, std::string_view op) {
 
 ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    std::chrono::milliseconds timeout, std::vector<int> global_ranks,
-                                   std::string group_name)
+                                   std::string group_name, bool own_engine)
     : c10d::Backend(rank, size), timeout_(timeout), group_name_(std::move(group_name)) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "dlop: rank ", rank, " of a group of ", size);
   TORCH_CHECK_VALUE(global_ranks.empty() || global_ranks.size() == static_cast<std::size_t>(size), "dlop: group of ",
@@ -46,15 +46,18 @@ ProcessGroupDlop::ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     namespace_ = "dlop/" + transport::agree_session(*wire_store, "dlop", rank, size, timeout);
     bootstrap_ = std::make_shared<transport::Bootstrap>(wire_store, rank, size, namespace_);
-    auto group = make_group_communicator(bootstrap_, global_ranks, options);
+    auto group = own_engine ? GroupCommunicator{sched::Communicator::create(*bootstrap_, options), bootstrap_}
+                            : make_group_communicator(bootstrap_, global_ranks, options);
     engine_bootstrap_ = std::move(group.engine_bootstrap);
     comm_ = std::move(group.comm);
   } catch (...) {
     std::rethrow_exception(to_torch_error(std::current_exception()));
   }
   completions_ = shared_completion_queue();
-  faults_ = group_fault_channel(global_ranks.empty() ? store : c10::intrusive_ptr<c10d::Store>(), rank,
-                                namespace_ + "/peer_dead");
+  if (!own_engine) {
+    faults_ = group_fault_channel(global_ranks.empty() ? store : c10::intrusive_ptr<c10d::Store>(), rank,
+                                  namespace_ + "/peer_dead");
+  }
   if (faults_) faults_->watch(comm_);
   log().debug("process group '{}': rank {} of {}, {} host(s)", group_name_, rank, size, comm_->hosts());
 }

@@ -134,10 +134,12 @@ Engine::~Engine() {
     op->task.reset();
     op->complete(std::make_exception_ptr(Error(Errc::kCanceled, "dlop: the engine shut down before " + op->describe() + " finished")));
   }
-  try {
-    mesh_->fence(std::chrono::milliseconds(2000));  // let peers finish what needs our progress
-  } catch (const std::exception& e) {
-    log().info("engine shutdown: fence incomplete: {}", e.what());
+  if (!world_aborted_.load()) {
+    try {
+      mesh_->fence(std::chrono::milliseconds(2000));  // let peers finish what needs our progress
+    } catch (const std::exception& e) {
+      log().info("engine shutdown: fence incomplete: {}", e.what());
+    }
   }
   ::close(wake_fd_);
   trace::flush();
@@ -603,6 +605,7 @@ void Engine::abort(const std::shared_ptr<CommState>& comm, const std::string& re
       submitted_.clear();
     }
     comm->broken = "aborted: " + reason;
+    if (comm->id == 0) world_aborted_.store(true);
     for (auto& op : running_) {
       if (op->comm == comm) {
         fail(*op, std::make_exception_ptr(Error(Errc::kCanceled, fmt::format("{} aborted: {}", op->describe(), reason))));

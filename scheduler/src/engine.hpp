@@ -155,6 +155,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // reused descriptor.
   std::shared_ptr<const int> wake_handle_;
   std::atomic<bool> stop_{false};
+  // The world communicator (id 0) was aborted: no peer is owed our progress
+  // any more, and a dead or silent one would hold the teardown's fence for
+  // its whole deadline.
+  std::atomic<bool> world_aborted_{false};
   std::thread thread_;
 };
 

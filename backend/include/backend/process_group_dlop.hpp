@@ -47,9 +47,12 @@ class ProcessGroupDlop : public c10d::Backend {
   // store: the group's c10d store (torch passes a PrefixStore per group).
   // global_ranks: the group's ranks in the default group, empty for the
   // default group itself; a sub-group then shares the default group's engine.
+  // own_engine: a group apart from the process's groups (torchft's, remade on
+  // every quorum change): an engine of its own, neither the default group
+  // nor a sub-group of it, and no fault channel.
   ProcessGroupDlop(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                    std::chrono::milliseconds timeout, std::vector<int> global_ranks = {},
-                   std::string group_name = {});
+                   std::string group_name = {}, bool own_engine = false);
   ~ProcessGroupDlop() override;
 
   const std::string getBackendName() const override { return "dlop"; }

@@ -29,6 +29,9 @@ COMMANDS below names the module each ``bench.NAME`` runs.
 - train/: ``python -m bench.train``: whole DDP steps with offloaded data
   against stock DDP, on this host or across namespace hosts (``--kind
   video``: clips; ``--device DEV``: one accelerator fed by offloaders).
+- ft/: ``python -m bench.ft``: training under torchft through a replica
+  group's death: recovery, healing and steady-state cost, dlop against
+  torchft's Gloo wrapper (examples/torchft_ddp.py, 2 groups, a lighthouse).
 - common/: what the benchmarks share: netns.py (hosts as network namespaces;
   ``python -m bench.netns``), forked.py (benchmarks run in a forked copy of a
   process that has imported torch), _common.py (sizes, headers, JSON),
@@ -59,6 +62,7 @@ COMMANDS = {
     "train_rank": "bench.train.train_rank",
     "train_device_rank": "bench.train.train_device_rank",
     "netns": "bench.common.netns",
+    "ft": "bench.ft.ft",
 }
 
 

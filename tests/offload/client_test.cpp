@@ -88,8 +88,7 @@ class OffloadClientTest : public ::testing::Test {
 // Direct writes (the default on one host) and UCX (what other hosts use).
 class OffloadClientPathTest : public OffloadClientTest, public ::testing::WithParamInterface<bool> {};
 
-INSTANTIATE_TEST_SUITE_P(DirectAndUcx, OffloadClientPathTest, ::testing::Bool(),
-                         [](const auto& param_info) { return param_info.param ? "direct" : "ucx"; });
+INSTANTIATE_TEST_SUITE_P(DirectAndUcx, OffloadClientPathTest, ::testing::Bool(), test::direct_or_ucx);
 
 TEST_P(OffloadClientPathTest, BatchesAreBitIdenticalToTheLocalPipeline) {
   DaemonProcess d(2);

@@ -80,8 +80,7 @@ class OffloadDaemonBusyTest : public ::testing::TestWithParam<bool> {
   test::TempDir data_;
 };
 
-INSTANTIATE_TEST_SUITE_P(DirectAndUcx, OffloadDaemonBusyTest, ::testing::Bool(),
-                         [](const auto& param_info) { return param_info.param ? "direct" : "ucx"; });
+INSTANTIATE_TEST_SUITE_P(DirectAndUcx, OffloadDaemonBusyTest, ::testing::Bool(), test::direct_or_ucx);
 
 TEST_P(OffloadDaemonBusyTest, BatchesCarryAFractionThatRisesWithWorkAndFallsWhenIdle) {
   DaemonProcess d(1);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
@@ -41,6 +42,11 @@ namespace dlop::offload::test {
 using namespace media::test;
 
 inline constexpr const char* kToken = "0123456789abcdef-test-token";
+
+// Tests over both paths a batch takes, direct writes (the default on one
+// host) and UCX (what other hosts use): INSTANTIATE_TEST_SUITE_P(DirectAndUcx,
+// Suite, ::testing::Bool(), direct_or_ucx).
+inline std::string direct_or_ucx(const ::testing::TestParamInfo<bool>& info) { return info.param ? "direct" : "ucx"; }
 
 // The reference a daemon's image batch is checked against: the same batch
 // made by the pipeline in this process, images (float32, 3 x side x side)

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "common/expect_error.hpp"
 #include "common/multiprocess.hpp"
 #include "core/error.hpp"
 #include "scheduler/communicator.hpp"
@@ -21,17 +22,7 @@ using coll::DataType;
 using coll::ReduceOp;
 using Clock = std::chrono::steady_clock;
 
-template <typename Op>
-Error expect_error(Op&& op, Errc code) {
-  try {
-    op();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e;
-  }
-  ADD_FAILURE() << "no error";
-  return Error(code, "");
-}
+using test::expect_error;
 
 TEST(Communicator, AllreduceAndBroadcastGiveExactResults) {
   for (const int n : {1, 2, 3, 4}) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/expect_error.hpp"
 #include "common/multiprocess.hpp"
 #include "core/error.hpp"
 #include "transport/file_store.hpp"
@@ -62,13 +63,8 @@ TEST(Session, LateRankZeroAfterCompletedAndAfterAbandonedAttempts) {
     // An attempt whose rank 0 alone arrived (the others died before joining):
     // it publishes a leader id that nobody completes.
     if (b.rank() == 0) {
-      try {
-        agree_session(store, "job", 0, 3, 300ms);
-        ADD_FAILURE() << "rank 0 alone formed a session";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), Errc::kTimeout);
-        EXPECT_NE(std::string(e.what()).find("ranks [1, 2]"), std::string::npos) << e.what();
-      }
+      test::expect_error([&] { agree_session(store, "job", 0, 3, 300ms); }, Errc::kTimeout, "ranks [1, 2]",
+                         "rank 0 alone formed a session");
     }
     b.barrier(30s);
     // The next attempts: ranks 1 and 2 first read the abandoned id, then a
@@ -89,30 +85,15 @@ TEST(Session, LateRankZeroAfterCompletedAndAfterAbandonedAttempts) {
 TEST(Session, ARankAloneTimesOutSayingWhatItRead) {
   const std::string dir = test::make_temp_dir();
   FileStore store(dir);
-  try {
-    agree_session(store, "job", 1, 2, 200ms);
-    ADD_FAILURE() << "rank 1 alone joined a session";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("published no session id"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { agree_session(store, "job", 1, 2, 200ms); }, Errc::kTimeout, "published no session id",
+                     "rank 1 alone joined a session");
   // An earlier attempt of two ranks, complete; this rank 1 is of a later one.
   store.set("job/session/leader", bytes("00000000000000aa"));
   store.set("job/session/00000000000000aa/members", bytes("0000000000000001 "));
-  try {
-    agree_session(store, "job", 1, 2, 300ms);
-    ADD_FAILURE() << "rank 1 joined an earlier attempt's session";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("00000000000000aa, is an earlier attempt's"), std::string::npos)
-        << e.what();
-  }
-  try {
-    agree_session(store, "job", 2, 2, 10ms);
-    ADD_FAILURE() << "rank 2 of 2 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-  }
+  test::expect_error([&] { agree_session(store, "job", 1, 2, 300ms); }, Errc::kTimeout,
+                     "00000000000000aa, is an earlier attempt's", "rank 1 joined an earlier attempt's session");
+  test::expect_error([&] { agree_session(store, "job", 2, 2, 10ms); }, Errc::kInvalidArgument, {},
+                     "rank 2 of 2 accepted");
   std::filesystem::remove_all(dir);
 }
 

@@ -4,7 +4,7 @@ An actuator owns the offloaders it starts, and nothing else: the controller
 (dlop.fleet.scaling.controller) decides the fleet's size from the trainers'
 figures and calls :meth:`Actuator.scale`; the actuator starts or stops
 offloaders toward it through its scheduler (local processes, SLURM jobs, a
-Kubernetes Deployment). New offloaders join the trainers through discovery
+Kubernetes Deployment, Ray actors). New offloaders join the trainers through discovery
 (the fleet's c10d store, or DNS), never through the actuator.
 """
 
@@ -21,7 +21,7 @@ class ActuatorError(RuntimeError):
 class Actuator(abc.ABC):
     """Starts and stops offloaders; driven from one thread (the controller's)."""
 
-    #: the scheduler's name in messages: "local", "slurm", "kubernetes"
+    #: the scheduler's name in messages: "local", "slurm", "kubernetes", "ray"
     name: str = "?"
 
     @property

@@ -57,7 +57,10 @@ def train_loop(config: dict) -> None:
                 if address not in joined:
                     loader.add_offloader(address, wait=False)
                     joined.append(address)
-        train.report({"epoch": epoch, "loss": float(loss), "samples_per_s": samples / (time.perf_counter() - start)})
+        rate = samples / (time.perf_counter() - start)
+        if train.get_context().get_world_rank() == 0:
+            print(f"epoch {epoch}: loss {loss.item():.3f}, {rate:.0f} samples/s on rank 0", flush=True)
+        train.report({"epoch": epoch, "loss": loss.item(), "samples_per_s": rate})
 
 
 def main() -> None:
@@ -70,7 +73,7 @@ def main() -> None:
     p.add_argument("--offloader-cpus", type=float, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--address", default="auto", help="the Ray cluster")
+    p.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS, else a Ray of this machine)")
     args = p.parse_args()
 
     import ray
@@ -98,7 +101,7 @@ def main() -> None:
                                    train_loop_config={"store": f"{me}:{store.port}", "token": token,
                                                       "data": args.data, "classes": args.classes,
                                                       "batch_size": args.batch_size, "epochs": args.epochs})
-            print(trainer.fit().metrics)
+            trainer.fit()
         finally:
             controller.stop()
             actuator.close()

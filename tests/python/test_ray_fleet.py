@@ -25,7 +25,8 @@ import pytest
 
 from dlop.fleet.scaling.actuator import ActuatorError
 
-pytestmark = pytest.mark.long_file(seconds=150)
+# Each test starts a trainer and Ray actors on a cluster that takes tens of seconds to answer on 2 busy cores.
+pytestmark = [pytest.mark.long_file(seconds=340), pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 WORKER_CPUS = 2

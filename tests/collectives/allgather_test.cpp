@@ -14,12 +14,6 @@ namespace {
 
 using namespace ref;
 
-enum class Placement { kApart, kSameBuffer, kOwnBlock };
-
-const char* placement_name(Placement p) {
-  return p == Placement::kApart ? "apart" : p == Placement::kSameBuffer ? "same buffer" : "own block";
-}
-
 std::byte pattern(int rank, std::size_t i) {
   return static_cast<std::byte>((i * 131u + i / 251u) ^ (static_cast<std::size_t>(rank) * 37u + 1u));
 }
@@ -30,21 +24,12 @@ struct Variant {
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << kind_name(v.kind) << ":" << v.algo; }
 
-std::vector<std::size_t> block_counts(CollKind kind, int n, std::size_t count) {
-  std::vector<std::size_t> counts;
-  for (int b = 0; b < n; ++b) {
-    const bool v = kind == CollKind::kAllgatherv;
-    counts.push_back(!v || count == 0 ? count : b % 3 == 1 ? 0 : count + static_cast<std::size_t>(b));
-  }
-  return counts;
-}
-
 template <typename NextTag>
 void allgather_case(const Group& g, NextTag& next_tag, Variant variant, DataType dtype, std::size_t count,
                     Placement place) {
   const auto me = static_cast<std::size_t>(g.rank());
   const std::size_t esize = dtype_size(dtype);
-  const std::vector<std::size_t> counts = block_counts(variant.kind, g.size(), count);
+  const std::vector<std::size_t> counts = block_counts(variant.kind == CollKind::kAllgatherv, g.size(), count);
   std::vector<std::size_t> at(counts.size(), 0);  // bytes
   for (std::size_t b = 1; b < counts.size(); ++b) at[b] = at[b - 1] + counts[b - 1] * esize;
   const std::size_t total = at.back() + counts.back() * esize;

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.hpp"
 #include "reduction_check.hpp"
@@ -32,12 +31,9 @@ class AllreduceSmall : public ::testing::TestWithParam<std::tuple<const char*, i
 TEST_P(AllreduceSmall, EveryDtypeAndOpInAndOutOfPlace) {
   const auto [algo, ranks, count] = GetParam();
   on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
-    for (const DataType dtype : kAllDtypes) {
-      for (const ReduceOp op : kAllOps) {
-        if (!supports(op, dtype)) continue;
-        for (const bool in_place : {false, true}) checked_allreduce(g, next_tag(), algo, dtype, op, count, in_place);
-      }
-    }
+    for_each_supported_pair([&](DataType dtype, ReduceOp op) {
+      for (const bool in_place : {false, true}) checked_allreduce(g, next_tag(), algo, dtype, op, count, in_place);
+    });
   });
 }
 
@@ -55,18 +51,8 @@ class AllreduceLarge : public ::testing::TestWithParam<std::tuple<const char*, i
 
 TEST_P(AllreduceLarge, RepresentativePairs) {
   const auto [algo, ranks] = GetParam();
-  struct Pair {
-    DataType dtype;
-    ReduceOp op;
-    bool in_place;
-  };
-  constexpr Pair kPairs[] = {
-      {DataType::kFloat32, ReduceOp::kSum, false}, {DataType::kFloat64, ReduceOp::kMax, true},
-      {DataType::kBFloat16, ReduceOp::kAvg, false}, {DataType::kInt64, ReduceOp::kProd, true},
-      {DataType::kInt64, ReduceOp::kBxor, false},  {DataType::kUInt8, ReduceOp::kMin, true},
-  };
   on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
-    for (const Pair& p : kPairs) checked_allreduce(g, next_tag(), algo, p.dtype, p.op, kLargeCount, p.in_place);
+    for (const Pair& p : kRepresentativePairs) checked_allreduce(g, next_tag(), algo, p.dtype, p.op, kLargeCount, p.in_place);
   });
 }
 
@@ -122,8 +108,7 @@ TEST_P(AllreduceConcurrent, FourInFlightProgressedRoundRobin) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, AllreduceConcurrent, ::testing::Values(2, 3, 4, 5),
-                         [](const auto& param_info) { return "ranks" + std::to_string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, AllreduceConcurrent, ::testing::Values(2, 3, 4, 5), ranks_name);
 
 // --- bitwise identical float results on every rank ---------------------------
 
@@ -137,17 +122,7 @@ TEST_P(AllreduceBitwise, EveryRankHoldsTheSameFloatBits) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
         std::vector<std::byte> data(kCount * dtype_size(dtype));
         fill_random_floats(dtype, data.data(), kCount, g.rank());
-        CollArgs args = make_allreduce_args(dtype, op, kCount);
-        args.send = args.recv = data.data();
-        run(g, args, algo, next_tag());
-        const std::uint64_t mine = fingerprint(data.data(), data.size());
-        transport::Bytes published(sizeof(mine));
-        std::memcpy(published.data(), &mine, sizeof(mine));
-        const auto all = b.allgather(published, 60s);
-        for (int r = 0; r < g.size(); ++r) {
-          EXPECT_EQ(all[static_cast<std::size_t>(r)], published)
-              << algo << " " << pair_name(dtype, op) << ": rank " << r << " holds other bits than rank " << g.rank();
-        }
+        reduce_to_same_bits(b, g, algo, next_tag(), dtype, op, data);
       }
     }
   });

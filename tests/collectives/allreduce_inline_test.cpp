@@ -7,11 +7,8 @@
 // while its peers wait on its box; and when the algorithm declines.
 #include <gtest/gtest.h>
 
-#include <fmt/format.h>
-#include <signal.h>
 
-#include <cstring>
-
+#include "common/expect_error.hpp"
 #include "core/error.hpp"
 #include "reduction_check.hpp"
 
@@ -19,7 +16,6 @@ namespace dlop::coll {
 namespace {
 
 using namespace ref;
-using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxBytes = 4096;
 
@@ -35,19 +31,15 @@ class InlineGrid : public ::testing::TestWithParam<int> {};
 
 TEST_P(InlineGrid, EveryDtypeAndOpInAndOutOfPlace) {
   with_arena(GetParam(), [](const Group& g, transport::Bootstrap&, transport::Mesh&) {
-    for (const DataType dtype : kAllDtypes) {
-      for (const ReduceOp op : kAllOps) {
-        if (!supports(op, dtype)) continue;
-        for (const std::size_t count : counts_for(dtype)) {
-          for (const bool in_place : {false, true}) checked_allreduce(g, 0, "inline", dtype, op, count, in_place);
-        }
+    for_each_supported_pair([&](DataType dtype, ReduceOp op) {
+      for (const std::size_t count : counts_for(dtype)) {
+        for (const bool in_place : {false, true}) checked_allreduce(g, 0, "inline", dtype, op, count, in_place);
       }
-    }
+    });
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, InlineGrid, ::testing::Values(2, 3, 4, 5),
-                         [](const auto& param_info) { return "ranks" + std::to_string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, InlineGrid, ::testing::Values(2, 3, 4, 5), ranks_name);
 
 TEST(InlineAllreduce, DeclinesAboveFourKiBOneRankAndAcrossHosts) {
   with_arena(2, [](const Group& g, transport::Bootstrap&, transport::Mesh&) {
@@ -56,31 +48,12 @@ TEST(InlineAllreduce, DeclinesAboveFourKiBOneRankAndAcrossHosts) {
     const CollArgs too_big = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, kMaxBytes / 4 + 1);
     EXPECT_FALSE(inline_algo.accepts(too_big, g));
     EXPECT_EQ(select_algorithm(too_big, g, AlgorithmOverrides::parse("allreduce:inline")).name, "shm");
-    try {
-      inline_algo.create(too_big, g, 0);
-      ADD_FAILURE() << "created an inline all-reduce of 4100 B";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find("4100 B"), std::string::npos) << e.what();
-    }
+    dlop::test::expect_error([&] { inline_algo.create(too_big, g, 0); }, Errc::kInvalidArgument, "4100 B",
+                             "created an inline all-reduce of 4100 B");
     checked_allreduce(g, 0, "inline", DataType::kInt32, ReduceOp::kSum, 3, true);  // still in step
   });
-  with_arena(1, [](const Group& g, transport::Bootstrap&, transport::Mesh&) {
-    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 2);
-    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "inline").accepts(args, g));
-    EXPECT_NE(select_algorithm(args, g, AlgorithmOverrides::parse("allreduce:inline")).name, "inline");
-  });
-  test::run_ranks(2, [](transport::Bootstrap& b) {
-    transport::UcxWorker worker;
-    transport::Mesh::Options options;
-    options.host = "host-" + std::to_string(b.rank());
-    transport::Mesh mesh(worker, b, options);
-    Group group(mesh, {0, 1});
-    attach_host_arena(group, b, agree_on_name(b), 60s);
-    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, 2);
-    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, "inline").accepts(args, group));
-    mesh.fence(30s);
-  });
+  expect_declines_alone("inline", 2);
+  expect_declines_across_hosts("inline", 2);
 }
 
 TEST(InlineAllreduce, TheTableChoosesItUpToFourKiBOnOneHost) {
@@ -95,13 +68,7 @@ TEST(InlineAllreduce, TheTableChoosesItUpToFourKiBOnOneHost) {
 }
 
 TEST(InlineAllreduce, RefusesBitwiseOpsOnFloatsBeforeTakingASequenceNumber) {
-  with_arena(2, [](const Group& g, transport::Bootstrap&, transport::Mesh&) {
-    std::vector<float> data(4, 1.0f);
-    CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kBxor, data.size());
-    args.send = args.recv = data.data();
-    EXPECT_THROW(test::find_algorithm(CollKind::kAllreduce, "inline").create(args, g, 0), Error);
-    checked_allreduce(g, 0, "inline", DataType::kFloat32, ReduceOp::kSum, 5, false);  // the arena is still in step
-  });
+  expect_refuses_bitwise_on_floats("inline", 4, 5);
 }
 
 // Every rank reduces every contribution itself: in the same order, so to the same bits.
@@ -113,31 +80,12 @@ TEST_P(InlineBitwise, EveryRankHoldsTheSameFloatBits) {
       const std::size_t count = kMaxBytes / dtype_size(dtype) - 1;
       std::vector<std::byte> data(count * dtype_size(dtype));
       fill_random_floats(dtype, data.data(), count, g.rank());
-      CollArgs args = make_allreduce_args(dtype, ReduceOp::kSum, count);
-      args.send = args.recv = data.data();
-      run(g, args, "inline", 0);
-      const std::uint64_t mine = fingerprint(data.data(), data.size());
-      transport::Bytes published(sizeof(mine));
-      std::memcpy(published.data(), &mine, sizeof(mine));
-      const auto all = b.allgather(published, 60s);
-      for (int r = 0; r < g.size(); ++r) {
-        EXPECT_EQ(all[static_cast<std::size_t>(r)], published)
-            << dtype_name(dtype) << " x " << count << ": rank " << r << " holds other bits than rank " << g.rank();
-      }
+      reduce_to_same_bits(b, g, "inline", 0, dtype, ReduceOp::kSum, data);
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, InlineBitwise, ::testing::Values(2, 3, 5),
-                         [](const auto& param_info) { return "ranks" + std::to_string(param_info.param); });
-
-// Element i of rank r at iteration it, and the sum over n ranks: exact in int32.
-std::int32_t value(int rank, int it, std::size_t i) { return static_cast<std::int32_t>((i * 31 + it * 7 + rank) % 1000); }
-std::int32_t sum_of(int n, int it, std::size_t i) {
-  std::int32_t s = 0;
-  for (int r = 0; r < n; ++r) s += value(r, it, i);
-  return s;
-}
+INSTANTIATE_TEST_SUITE_P(Ranks, InlineBitwise, ::testing::Values(2, 3, 5), ranks_name);
 
 // Inline and shm operations in every order of parities: both reuse the
 // arena's sequence numbers, and neither may overwrite what the other's
@@ -156,84 +104,26 @@ TEST_P(InlineBackToBack, ThousandsOfOperationsMixedWithShmAllChecked) {
     std::vector<std::int32_t> data;
     for (int it = 0; it < iterations; ++it) {
       const Case& c = kCases[static_cast<std::size_t>(it) % std::size(kCases)];
-      data.resize(c.count);
-      for (std::size_t i = 0; i < c.count; ++i) data[i] = value(g.rank(), it, i);
-      CollArgs args = make_allreduce_args(DataType::kInt32, ReduceOp::kSum, c.count);
-      args.send = args.recv = data.data();
-      run(g, args, c.algorithm, 0);
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < c.count; ++i) wrong += data[i] != sum_of(g.size(), it, i);
-      ASSERT_EQ(wrong, 0u) << "iteration " << it << ", " << c.algorithm << " of " << c.count;
+      ASSERT_EQ(wrong_in_int32_sum(g, c.algorithm, it, c.count, data), 0u)
+          << "iteration " << it << ", " << c.algorithm << " of " << c.count;
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, InlineBackToBack, ::testing::Values(2, 3),
-                         [](const auto& param_info) { return "ranks" + std::to_string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, InlineBackToBack, ::testing::Values(2, 3), ranks_name);
 
 // Operations created at once and progressed in reverse order: each waits for
 // its turn behind the earlier ones (inline or shm), and all finish right.
 TEST(InlineAllreduce, SeveralInFlightFinishInTheirOwnOrder) {
   with_arena(3, [](const Group& g, transport::Bootstrap&, transport::Mesh&) {
-    constexpr std::size_t kCounts[] = {5, 1024, 70001, 1, 3000, 7};
-    std::vector<std::vector<std::int32_t>> data;
-    std::vector<std::unique_ptr<Task>> tasks;
-    for (std::size_t k = 0; k < std::size(kCounts); ++k) {
-      data.emplace_back(kCounts[k]);
-      for (std::size_t i = 0; i < kCounts[k]; ++i) data[k][i] = value(g.rank(), static_cast<int>(k), i);
-      CollArgs args = make_allreduce_args(DataType::kInt32, ReduceOp::kSum, kCounts[k]);
-      args.send = args.recv = data[k].data();
-      const char* algorithm = args.bytes() <= kMaxBytes ? "inline" : "shm";
-      tasks.push_back(test::find_algorithm(CollKind::kAllreduce, algorithm).create(args, g, 0));
-    }
-    std::vector<bool> done(tasks.size(), false);
-    const auto deadline = Clock::now() + 60s;
-    while (std::count(done.begin(), done.end(), false) > 0) {
-      ASSERT_LT(Clock::now(), deadline) << "operations in flight did not finish";
-      for (std::size_t k = tasks.size(); k-- > 0;) {
-        if (!done[k]) done[k] = tasks[k]->progress();
-      }
-      std::this_thread::yield();
-    }
-    for (std::size_t k = 0; k < std::size(kCounts); ++k) {
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < kCounts[k]; ++i) wrong += data[k][i] != sum_of(g.size(), static_cast<int>(k), i);
-      EXPECT_EQ(wrong, 0u) << "operation " << k << " of " << kCounts[k];
-    }
+    expect_in_flight_finish_in_order(g, {5, 1024, 70001, 1, 3000, 7}, [](const CollArgs& args) {
+      return args.bytes() <= kMaxBytes ? "inline" : "shm";
+    });
   });
 }
 
 TEST(InlineAllreduce, RankKilledWhilePeersWaitOnItsBoxIsNamedWithinTheTimeout) {
-  test::RankGroup ranks(3, [](transport::Bootstrap& b) {
-    transport::Mesh::Options options;
-    options.watchdog = 50ms;
-    transport::UcxWorker worker;
-    transport::Mesh mesh(worker, b, options);
-    Group group(mesh, {0, 1, 2});
-    attach_host_arena(group, b, agree_on_name(b), 60s);
-    std::vector<float> data(2, 1.0f);
-    CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, data.size());
-    args.send = args.recv = data.data();
-    run(group, args, "inline", 0);  // one that works, so the boxes have moved
-    ASSERT_EQ(data[0], 3.0f);
-    b.barrier(60s);
-    if (group.rank() == 2) ::raise(SIGKILL);  // dies before posting its next input
-    const auto start = Clock::now();
-    try {
-      run(group, args, "inline", 0);
-      ADD_FAILURE() << "the all-reduce finished without rank 2";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::kPeerDead) << e.what();
-      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
-    }
-    EXPECT_LT(Clock::now() - start, 10s);
-  });
-  const auto exits = ranks.wait(90s);
-  for (int r = 0; r < 2; ++r) {
-    const auto& exit = exits[static_cast<std::size_t>(r)];
-    EXPECT_TRUE(exit.exited && exit.code == 0) << "rank " << r << " failed";
-  }
-  EXPECT_FALSE(exits[2].exited) << "rank 2 was to die by SIGKILL";
+  expect_killed_rank_named("inline", 2);
 }
 
 }  // namespace

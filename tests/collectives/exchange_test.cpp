@@ -166,17 +166,9 @@ TEST(Exchange, SeveralInFlightOnOneGroupWithDistinctTags) {
     CollArgs v{.kind = CollKind::kAlltoallv, .send = v_send.data(), .recv = v_recv.data(), .counts = counts,
                .send_counts = send_counts};
     CollArgs barrier;
-    std::vector<std::unique_ptr<Task>> tasks;
-    tasks.push_back(test::find_algorithm(barrier.kind, "dissemination").create(barrier, g, 3u << kStepBits));
-    tasks.push_back(test::find_algorithm(a.kind, "pairwise").create(a, g, 4u << kStepBits));
-    tasks.push_back(test::find_algorithm(v.kind, "pairwise").create(v, g, 5u << kStepBits));
-    tasks.push_back(test::find_algorithm(barrier.kind, "dissemination").create(barrier, g, 6u << kStepBits));
-    std::vector<bool> done(tasks.size(), false);
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    for (std::size_t i = static_cast<std::size_t>(me); std::count(done.begin(), done.end(), false) > 0; ++i) {
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "not done in time";
-      if (!done[i % tasks.size()]) done[i % tasks.size()] = tasks[i % tasks.size()]->progress();
-    }
+    const std::vector<test::InFlight> ops = {
+        {barrier, "dissemination"}, {a, "pairwise"}, {v, "pairwise"}, {barrier, "dissemination"}};
+    test::run_interleaved(g, ops, 3, static_cast<std::size_t>(me));
     std::size_t at = 0;
     for (int src = 0; src < n; at += counts[src], ++src) {
       for (std::size_t i = 0; i < kCount; ++i) ASSERT_EQ(a_recv[src * kCount + i], pattern(src, me, i)) << src;

@@ -12,30 +12,12 @@ namespace {
 
 using namespace ref;
 
-// Where the result goes: a buffer apart, the start of send (send == recv),
-// or this rank's block of send.
-enum class Placement { kApart, kSameBuffer, kOwnBlock };
-
-const char* placement_name(Placement p) {
-  return p == Placement::kApart ? "apart" : p == Placement::kSameBuffer ? "same buffer" : "own block";
-}
-
-// Block sizes: reduce_scatter `count` each; reduce_scatterv uneven, some empty.
-std::vector<std::size_t> block_counts(CollKind kind, int n, std::size_t count) {
-  std::vector<std::size_t> counts;
-  for (int b = 0; b < n; ++b) {
-    const bool v = kind == CollKind::kReduceScatterv;
-    counts.push_back(!v || count == 0 ? count : b % 3 == 1 ? 0 : count + static_cast<std::size_t>(b));
-  }
-  return counts;
-}
-
 template <typename NextTag>
 void reduce_scatter_case(const Group& g, NextTag& next_tag, CollKind kind, DataType dtype, ReduceOp op,
                          std::size_t count, Placement place) {
   const int n = g.size();
   const auto me = static_cast<std::size_t>(g.rank());
-  const std::vector<std::size_t> counts = block_counts(kind, n, count);
+  const std::vector<std::size_t> counts = block_counts(kind == CollKind::kReduceScatterv, n, count);
   std::vector<std::size_t> offset(counts.size(), 0);
   for (std::size_t b = 1; b < counts.size(); ++b) offset[b] = offset[b - 1] + counts[b - 1];
   const std::size_t total = offset.back() + counts.back();
@@ -77,12 +59,9 @@ class ReduceScatterSmall : public ::testing::TestWithParam<std::tuple<CollKind, 
 TEST_P(ReduceScatterSmall, EveryDtypeAndOpEveryPlacement) {
   const auto [kind, ranks, count] = GetParam();
   on_ranks(ranks, [&](const Group& g, auto next_tag, transport::Bootstrap&) {
-    for (const DataType dtype : kAllDtypes) {
-      for (const ReduceOp op : kAllOps) {
-        if (!supports(op, dtype)) continue;
-        reduce_scatter_case(g, next_tag, kind, dtype, op, count, Placement::kApart);
-      }
-    }
+    for_each_supported_pair([&](DataType dtype, ReduceOp op) {
+      reduce_scatter_case(g, next_tag, kind, dtype, op, count, Placement::kApart);
+    });
     for (const Placement place : {Placement::kSameBuffer, Placement::kOwnBlock}) {
       reduce_scatter_case(g, next_tag, kind, DataType::kFloat32, ReduceOp::kSum, count, place);
       reduce_scatter_case(g, next_tag, kind, DataType::kBFloat16, ReduceOp::kAvg, count, place);

@@ -1,6 +1,7 @@
 #include "reduction_check.hpp"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,7 +153,7 @@ std::vector<std::byte> checked_allreduce(const Group& group, transport::Tag base
   args.send = input.data();
   args.recv = in_place ? input.data() : output.data();
   run(group, args, algorithm, base_tag);
-  const std::string what = std::string(algorithm) + (in_place ? " in place" : " out of place");
+  const std::string what = fmt::format("{} {} count {}", algorithm, in_place ? "in place" : "out of place", count);
   const auto& result = in_place ? input : output;
   check_reduced(dtype, op, group.size(), result.data(), 0, count, seed, what);
   EXPECT_TRUE(guard_intact(result, bytes)) << what << " " << pair_name(dtype, op) << ": wrote past the end";
@@ -190,6 +191,129 @@ std::uint64_t fingerprint(const void* data, std::size_t bytes) {
   std::uint64_t h = 0xCBF29CE484222325ull;
   for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const std::uint8_t*>(data)[i]) * 0x100000001B3ull;
   return h;
+}
+
+void expect_same_bits_on_every_rank(transport::Bootstrap& b, const void* data, std::size_t bytes,
+                                    const std::string& what) {
+  const std::uint64_t mine = fingerprint(data, bytes);
+  transport::Bytes published(sizeof(mine));
+  std::memcpy(published.data(), &mine, sizeof(mine));
+  const auto all = b.allgather(published, 60s);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    EXPECT_EQ(all[r], published) << what << ": rank " << r << " holds other bits than rank " << b.rank();
+  }
+}
+
+void reduce_to_same_bits(transport::Bootstrap& b, const Group& group, std::string_view algorithm,
+                         transport::Tag base_tag, DataType dtype, ReduceOp op, std::vector<std::byte>& data) {
+  const std::size_t count = data.size() / dtype_size(dtype);
+  CollArgs args = make_allreduce_args(dtype, op, count);
+  args.send = args.recv = data.data();
+  run(group, args, algorithm, base_tag);
+  expect_same_bits_on_every_rank(b, data.data(), data.size(),
+                                 fmt::format("{} {} x {}", algorithm, pair_name(dtype, op), count));
+}
+
+std::size_t wrong_in_int32_sum(const Group& group, std::string_view algorithm, int k, std::size_t count,
+                               std::vector<std::int32_t>& data) {
+  data.resize(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = seq_value(group.rank(), k, i);
+  CollArgs args = make_allreduce_args(DataType::kInt32, ReduceOp::kSum, count);
+  args.send = args.recv = data.data();
+  run(group, args, algorithm, 0);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += data[i] != seq_sum(group.size(), k, i);
+  return wrong;
+}
+
+void expect_in_flight_finish_in_order(const Group& group, const std::vector<std::size_t>& counts,
+                                      const std::function<std::string_view(const CollArgs&)>& algorithm_for) {
+  std::vector<std::vector<std::int32_t>> data;
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    data.emplace_back(counts[k]);
+    for (std::size_t i = 0; i < counts[k]; ++i) data[k][i] = seq_value(group.rank(), static_cast<int>(k), i);
+    CollArgs args = make_allreduce_args(DataType::kInt32, ReduceOp::kSum, counts[k]);
+    args.send = args.recv = data[k].data();
+    tasks.push_back(test::find_algorithm(CollKind::kAllreduce, algorithm_for(args)).create(args, group, 0));
+  }
+  std::vector<bool> done(tasks.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::count(done.begin(), done.end(), false) > 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "operations in flight did not finish";
+    for (std::size_t k = tasks.size(); k-- > 0;) {
+      if (!done[k]) done[k] = tasks[k]->progress();
+    }
+    std::this_thread::yield();
+  }
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < counts[k]; ++i) wrong += data[k][i] != seq_sum(group.size(), static_cast<int>(k), i);
+    EXPECT_EQ(wrong, 0u) << "operation " << k << " of " << counts[k];
+  }
+}
+
+void expect_declines_alone(std::string_view algorithm, std::size_t count) {
+  with_arena(1, [&](const Group& g, transport::Bootstrap&, transport::Mesh&) {
+    EXPECT_EQ(g.host_arena(), nullptr);
+    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
+    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, algorithm).accepts(args, g)) << algorithm;
+    const std::string forced = "allreduce:" + std::string(algorithm);
+    EXPECT_NE(select_algorithm(args, g, AlgorithmOverrides::parse(forced)).name, algorithm);
+  });
+}
+
+void expect_refuses_bitwise_on_floats(std::string_view algorithm, std::size_t count, std::size_t then_count) {
+  with_arena(2, [&](const Group& g, transport::Bootstrap&, transport::Mesh&) {
+    std::vector<float> data(count, 1.0f);
+    CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kBxor, data.size());
+    args.send = args.recv = data.data();
+    EXPECT_THROW(test::find_algorithm(CollKind::kAllreduce, algorithm).create(args, g, 0), Error);
+    checked_allreduce(g, 0, algorithm, DataType::kFloat32, ReduceOp::kSum, then_count, false);
+  });
+}
+
+void expect_declines_across_hosts(std::string_view algorithm, std::size_t count) {
+  test::run_on_hosts({"host-0", "host-1"}, [&](transport::Bootstrap& b, const Group& all, const auto&) {
+    Group group(all.mesh(), {0, 1});
+    attach_host_arena(group, b, agree_on_name(b), 60s);
+    EXPECT_EQ(group.host_arena(), nullptr);
+    const CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
+    EXPECT_FALSE(test::find_algorithm(CollKind::kAllreduce, algorithm).accepts(args, group)) << algorithm;
+  });
+}
+
+void expect_killed_rank_named(std::string_view algorithm, std::size_t count) {
+  test::RankGroup ranks(3, [algorithm, count](transport::Bootstrap& b) {
+    transport::Mesh::Options options;
+    options.watchdog = 50ms;
+    transport::UcxWorker worker;
+    transport::Mesh mesh(worker, b, options);
+    Group group(mesh, {0, 1, 2});
+    attach_host_arena(group, b, agree_on_name(b), 60s);
+    std::vector<float> data(count, 1.0f);
+    CollArgs args = make_allreduce_args(DataType::kFloat32, ReduceOp::kSum, count);
+    args.send = args.recv = data.data();
+    run(group, args, algorithm, 0);  // one that works, so the arena's flags have moved
+    ASSERT_EQ(data[0], 3.0f);
+    b.barrier(60s);
+    if (group.rank() == 2) ::raise(SIGKILL);  // dies before posting its next input
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      run(group, args, algorithm, 0);
+      ADD_FAILURE() << "the all-reduce finished without rank 2";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kPeerDead) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  });
+  const auto exits = ranks.wait(90s);
+  for (int r = 0; r < 2; ++r) {
+    const auto& exit = exits[static_cast<std::size_t>(r)];
+    EXPECT_TRUE(exit.exited && exit.code == 0) << algorithm << " count " << count << ": rank " << r << " failed";
+  }
+  EXPECT_FALSE(exits[2].exited) << "rank 2 was to die by SIGKILL";
 }
 
 }  // namespace dlop::coll::ref

@@ -36,6 +36,29 @@ constexpr DataType kAllDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataT
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProd, ReduceOp::kMin,
                                 ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,  ReduceOp::kBxor};
 
+// fn(dtype, op) for every pair of kAllDtypes x kAllOps the kernels support.
+template <typename Fn>
+void for_each_supported_pair(Fn&& fn) {
+  for (const DataType dtype : kAllDtypes) {
+    for (const ReduceOp op : kAllOps) {
+      if (supports(op, dtype)) fn(dtype, op);
+    }
+  }
+}
+
+// What the large counts run: one of each kind of kernel, AVG on a 16-bit
+// float, in and out of place.
+struct Pair {
+  DataType dtype;
+  ReduceOp op;
+  bool in_place;
+};
+inline constexpr Pair kRepresentativePairs[] = {
+    {DataType::kFloat32, ReduceOp::kSum, false}, {DataType::kFloat64, ReduceOp::kMax, true},
+    {DataType::kBFloat16, ReduceOp::kAvg, false}, {DataType::kInt64, ReduceOp::kProd, true},
+    {DataType::kInt64, ReduceOp::kBxor, false},  {DataType::kUInt8, ReduceOp::kMin, true},
+};
+
 // As test::run_collective, but a rank with nothing to do yields the CPU:
 // with more ranks than cores, ranks that only spin would wait for the
 // scheduler's time slice at every step (about 10x slower at 5 ranks on 2).
@@ -217,8 +240,81 @@ void fill_random_floats(DataType dtype, void* data, std::size_t count, int rank)
 // FNV-1a of the bytes: a cheap fingerprint for comparing results across ranks.
 std::uint64_t fingerprint(const void* data, std::size_t bytes);
 
+// "ranks3": the name of a test instantiated over rank counts.
+inline std::string ranks_name(const ::testing::TestParamInfo<int>& info) { return "ranks" + std::to_string(info.param); }
+
 inline std::string pair_name(DataType dtype, ReduceOp op) {
   return std::string(dtype_name(dtype)) + "_" + std::string(op_name(op));
 }
+
+// --- the block collectives (reduce_scatter[v], allgather[v]) ---
+
+// Where the result goes: a buffer apart, the start of send (send == recv),
+// or this rank's block (MPI_IN_PLACE).
+enum class Placement { kApart, kSameBuffer, kOwnBlock };
+
+inline const char* placement_name(Placement p) {
+  return p == Placement::kApart ? "apart" : p == Placement::kSameBuffer ? "same buffer" : "own block";
+}
+
+// Block sizes of n ranks: `count` each, or (the v forms) uneven and some empty.
+inline std::vector<std::size_t> block_counts(bool uneven, int n, std::size_t count) {
+  std::vector<std::size_t> counts;
+  for (int b = 0; b < n; ++b) {
+    counts.push_back(!uneven || count == 0 ? count : b % 3 == 1 ? 0 : count + static_cast<std::size_t>(b));
+  }
+  return counts;
+}
+
+// Publishes the fingerprint of this rank's result; expects every rank's to be
+// the same (float reductions must not depend on which rank computes them).
+void expect_same_bits_on_every_rank(transport::Bootstrap& b, const void* data, std::size_t bytes,
+                                    const std::string& what);
+
+// An in-place all-reduce of data (all of it, in elements of dtype) by
+// `algorithm`, whose result must then be the same bits on every rank.
+void reduce_to_same_bits(transport::Bootstrap& b, const Group& group, std::string_view algorithm,
+                         transport::Tag base_tag, DataType dtype, ReduceOp op, std::vector<std::byte>& data);
+
+// --- the host arena's all-reduces (shm, inline), shared by their test files ---
+
+// Element i of rank r in operation k, and the sum over n ranks: exact in int32.
+inline std::int32_t seq_value(int rank, int k, std::size_t i) {
+  return static_cast<std::int32_t>((i * 31 + static_cast<std::size_t>(k) * 7 + static_cast<std::size_t>(rank)) % 1000);
+}
+inline std::int32_t seq_sum(int n, int k, std::size_t i) {
+  std::int32_t s = 0;
+  for (int r = 0; r < n; ++r) s += seq_value(r, k, i);
+  return s;
+}
+
+// An in-place int32 sum of seq_value(rank, k, .) by `algorithm` into data;
+// returns how many elements differ from seq_sum.
+std::size_t wrong_in_int32_sum(const Group& group, std::string_view algorithm, int k, std::size_t count,
+                               std::vector<std::int32_t>& data);
+
+// Creates one int32 sum for each of counts at once (operation k of
+// counts[k], by algorithm_for(its args)) and progresses them in reverse
+// order: each waits for its turn, and all finish with their own results.
+void expect_in_flight_finish_in_order(const Group& group, const std::vector<std::size_t>& counts,
+                                      const std::function<std::string_view(const CollArgs&)>& algorithm_for);
+
+// One rank has no arena (nothing to share): `algorithm` declines a float
+// sum of count, and a forced "allreduce:<algorithm>" falls back to the table.
+void expect_declines_alone(std::string_view algorithm, std::size_t count);
+
+// On two ranks `algorithm` refuses a bitwise op on count floats at create(),
+// before it takes an arena sequence number: a checked float sum of
+// then_count by it afterwards still finds the ranks in step.
+void expect_refuses_bitwise_on_floats(std::string_view algorithm, std::size_t count, std::size_t then_count);
+
+// Two ranks named as two hosts, each group's arena attached (nothing is
+// mapped, each is alone on its host): `algorithm` declines a float sum of count.
+void expect_declines_across_hosts(std::string_view algorithm, std::size_t count);
+
+// Three ranks with a 50 ms watchdog sum `count` floats by `algorithm` once;
+// rank 2 then dies by SIGKILL and the others' next sum fails within 10 s
+// with kPeerDead naming rank 2.
+void expect_killed_rank_named(std::string_view algorithm, std::size_t count);
 
 }  // namespace dlop::coll::ref

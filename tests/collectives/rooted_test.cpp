@@ -87,71 +87,81 @@ void broadcast_case(std::string_view algo, int ranks, std::size_t count) {
 // How the root passes its own block: apart, send == recv, or inside the other buffer at root * count.
 enum class Placement { kApart, kSameBuffer, kOwnBlock };
 
-void gather_case(std::string_view algo, int ranks, std::size_t count) {
+// One gather or scatter case: where the root's own block goes, its bytes and
+// its offset in the root's buffer of all blocks.
+struct RootedCase {
+  int root;
+  DataType dtype;
+  Placement place;
+  std::size_t block, block_at;
+};
+
+// On `ranks` processes, fn(group, next_tag, case) for every root, every dtype
+// tried at count, and every placement (those in place in float32 only).
+template <typename Fn>
+void on_rooted_cases(int ranks, std::size_t count, Fn fn) {
   on_ranks(ranks, [&](const Group& g, auto next_tag) {
-    const int n = g.size();
-    for (const int root : roots(n)) {
+    for (const int root : roots(g.size())) {
       for (const DataType dtype : dtypes(count)) {
         for (const Placement place : {Placement::kApart, Placement::kSameBuffer, Placement::kOwnBlock}) {
           if (place != Placement::kApart && dtype != DataType::kFloat32) continue;
           const std::size_t block = count * dtype_size(dtype);
-          const auto block_at = static_cast<std::size_t>(root) * block;
-          auto mine = filled(g.rank(), block);
-          std::vector<std::uint8_t> all(g.rank() == root ? static_cast<std::size_t>(n) * block + 8 : 0, kGuard);
-          CollArgs args = make_args(CollKind::kGather, dtype, count, root);
-          args.send = mine.data();
-          args.recv = g.rank() == root ? all.data() : nullptr;
-          if (g.rank() == root && place != Placement::kApart) {
-            std::memcpy(all.data() + block_at, mine.data(), block);
-            args.send = place == Placement::kSameBuffer ? all.data() : all.data() + block_at;
-          }
-          test::run_collective(g, args, algo, next_tag());
-          if (g.rank() != root) continue;
-          for (int r = 0; r < n; ++r) {
-            EXPECT_EQ(mismatch(all, static_cast<std::size_t>(r) * block, r, block), -1)
-                << "block of rank " << r << ", " << dtype_name(dtype) << " root " << root << " placement "
-                << static_cast<int>(place);
-          }
-          EXPECT_TRUE(guard_intact(all, static_cast<std::size_t>(n) * block)) << "wrote past the end";
+          fn(g, next_tag, RootedCase{root, dtype, place, block, static_cast<std::size_t>(root) * block});
         }
       }
     }
   });
 }
 
-void scatter_case(std::string_view algo, int ranks, std::size_t count) {
-  on_ranks(ranks, [&](const Group& g, auto next_tag) {
+void gather_case(std::string_view algo, int ranks, std::size_t count) {
+  on_rooted_cases(ranks, count, [&](const Group& g, const auto& next_tag, const RootedCase& c) {
+    const auto [root, dtype, place, block, block_at] = c;
     const int n = g.size();
-    for (const int root : roots(n)) {
-      for (const DataType dtype : dtypes(count)) {
-        for (const Placement place : {Placement::kApart, Placement::kSameBuffer, Placement::kOwnBlock}) {
-          if (place != Placement::kApart && dtype != DataType::kFloat32) continue;
-          const std::size_t block = count * dtype_size(dtype);
-          const auto block_at = static_cast<std::size_t>(root) * block;
-          std::vector<std::uint8_t> all;  // at the root: the block for rank r is pattern(r, .)
-          if (g.rank() == root) {
-            for (int r = 0; r < n; ++r) {
-              const auto b = filled(r, block);
-              all.insert(all.end(), b.begin(), b.begin() + static_cast<long>(block));
-            }
-          }
-          std::vector<std::uint8_t> mine(block + 8, kGuard);
-          CollArgs args = make_args(CollKind::kScatter, dtype, count, root);
-          args.send = g.rank() == root ? all.data() : nullptr;
-          args.recv = mine.data();
-          if (g.rank() == root && place != Placement::kApart) {
-            args.recv = place == Placement::kSameBuffer ? all.data() : all.data() + block_at;
-          }
-          test::run_collective(g, args, algo, next_tag());
-          const bool in_place = g.rank() == root && place != Placement::kApart;
-          const auto& got = in_place ? all : mine;
-          EXPECT_EQ(mismatch(got, in_place ? block_at : 0, g.rank(), block), -1)
-              << dtype_name(dtype) << " root " << root << " placement " << static_cast<int>(place);
-          if (!in_place) {
-            EXPECT_TRUE(guard_intact(mine, block)) << "wrote past the end";
-          }
-        }
+    auto mine = filled(g.rank(), block);
+    std::vector<std::uint8_t> all(g.rank() == root ? static_cast<std::size_t>(n) * block + 8 : 0, kGuard);
+    CollArgs args = make_args(CollKind::kGather, dtype, count, root);
+    args.send = mine.data();
+    args.recv = g.rank() == root ? all.data() : nullptr;
+    if (g.rank() == root && place != Placement::kApart) {
+      std::memcpy(all.data() + block_at, mine.data(), block);
+      args.send = place == Placement::kSameBuffer ? all.data() : all.data() + block_at;
+    }
+    test::run_collective(g, args, algo, next_tag());
+    if (g.rank() != root) return;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(mismatch(all, static_cast<std::size_t>(r) * block, r, block), -1)
+          << "block of rank " << r << ", " << dtype_name(dtype) << " root " << root << " placement "
+          << static_cast<int>(place);
+    }
+    EXPECT_TRUE(guard_intact(all, static_cast<std::size_t>(n) * block)) << "wrote past the end";
+  });
+}
+
+void scatter_case(std::string_view algo, int ranks, std::size_t count) {
+  on_rooted_cases(ranks, count, [&](const Group& g, const auto& next_tag, const RootedCase& c) {
+    const auto [root, dtype, place, block, block_at] = c;
+    const int n = g.size();
+    std::vector<std::uint8_t> all;  // at the root: the block for rank r is pattern(r, .)
+    if (g.rank() == root) {
+      for (int r = 0; r < n; ++r) {
+        const auto b = filled(r, block);
+        all.insert(all.end(), b.begin(), b.begin() + static_cast<long>(block));
       }
+    }
+    std::vector<std::uint8_t> mine(block + 8, kGuard);
+    CollArgs args = make_args(CollKind::kScatter, dtype, count, root);
+    args.send = g.rank() == root ? all.data() : nullptr;
+    args.recv = mine.data();
+    if (g.rank() == root && place != Placement::kApart) {
+      args.recv = place == Placement::kSameBuffer ? all.data() : all.data() + block_at;
+    }
+    test::run_collective(g, args, algo, next_tag());
+    const bool in_place = g.rank() == root && place != Placement::kApart;
+    const auto& got = in_place ? all : mine;
+    EXPECT_EQ(mismatch(got, in_place ? block_at : 0, g.rank(), block), -1)
+        << dtype_name(dtype) << " root " << root << " placement " << static_cast<int>(place);
+    if (!in_place) {
+      EXPECT_TRUE(guard_intact(mine, block)) << "wrote past the end";
     }
   });
 }
@@ -212,18 +222,8 @@ TEST(Rooted, SeveralInFlightOnOneGroupWithDistinctTags) {
     CollArgs sc = make_args(CollKind::kScatter, DataType::kUInt8, kSmall, 3);
     sc.send = me == 3 ? all.data() : nullptr;
     sc.recv = piece.data();
-    std::vector<std::unique_ptr<Task>> tasks;
-    tasks.push_back(test::find_algorithm(b.kind, "binomial").create(b, g, 7u << kStepBits));
-    tasks.push_back(test::find_algorithm(ga.kind, "linear").create(ga, g, 8u << kStepBits));
-    tasks.push_back(test::find_algorithm(gb.kind, "binomial").create(gb, g, 9u << kStepBits));
-    tasks.push_back(test::find_algorithm(sc.kind, "binomial").create(sc, g, 10u << kStepBits));
-    std::vector<bool> done(tasks.size(), false);
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    for (std::size_t i = static_cast<std::size_t>(me); std::count(done.begin(), done.end(), false) > 0; ++i) {
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "not done in time";
-      const std::size_t t = i % tasks.size();
-      if (!done[t]) done[t] = tasks[t]->progress();
-    }
+    test::run_interleaved(g, {{b, "binomial"}, {ga, "linear"}, {gb, "binomial"}, {sc, "binomial"}}, 7,
+                          static_cast<std::size_t>(me));
     EXPECT_EQ(mismatch(bcast, 0, 1, kBig), -1);
     EXPECT_EQ(mismatch(piece, 0, me, kSmall), -1);
     for (int r = 0; me == 2 && r < n; ++r) {

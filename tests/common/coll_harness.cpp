@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/multiprocess.hpp"
@@ -33,6 +34,24 @@ void run_collective(const coll::Group& group, const coll::CollArgs& args, std::s
       throw_error(Errc::kTimeout, fmt::format("{} {} did not finish within {} ms", algorithm,
                                               coll::kind_name(args.kind), timeout.count()));
     }
+  }
+}
+
+void run_interleaved(const coll::Group& group, const std::vector<InFlight>& ops, transport::Tag first_tag,
+                     std::size_t first, std::chrono::milliseconds timeout) {
+  std::vector<std::unique_ptr<coll::Task>> tasks;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const coll::CollArgs& args = ops[k].args;
+    tasks.push_back(find_algorithm(args.kind, ops[k].algorithm).create(args, group, (first_tag + k) << coll::kStepBits));
+  }
+  std::vector<bool> done(tasks.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::size_t i = first; std::count(done.begin(), done.end(), false) > 0; ++i) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw_error(Errc::kTimeout, fmt::format("{} tasks in flight not done within {} ms", tasks.size(), timeout.count()));
+    }
+    const std::size_t t = i % tasks.size();
+    if (!done[t]) done[t] = tasks[t]->progress();
   }
 }
 

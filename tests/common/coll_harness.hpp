@@ -19,6 +19,17 @@ const coll::Algorithm& find_algorithm(coll::CollKind kind, std::string_view name
 void run_collective(const coll::Group& group, const coll::CollArgs& args, std::string_view algorithm,
                     transport::Tag base_tag, std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// Several collectives in flight at once on one group: ops[k] (its args and
+// algorithm) gets base tag (first_tag + k) << kStepBits; all are progressed
+// round robin from ops[first % size], so ranks that start at different ops
+// interleave them differently. Throws dlop::Error on timeout.
+struct InFlight {
+  const coll::CollArgs& args;
+  std::string_view algorithm;
+};
+void run_interleaved(const coll::Group& group, const std::vector<InFlight>& ops, transport::Tag first_tag,
+                     std::size_t first, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
 // Runs body(bootstrap, group, next_tag) on `ranks` processes, each with its own
 // UCX worker, mesh and a group of all ranks; next_tag() hands every collective
 // a fresh base tag. The mesh is fenced before it is torn down.

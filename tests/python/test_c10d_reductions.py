@@ -63,6 +63,16 @@ def _torch_op(name: str, dtype, tensor_factor: bool = False):
     return getattr(dist.ReduceOp, name)
 
 
+def _dtype_ops(name: str, dtypes, tensor_factor: bool = False):
+    """(dtype name, dtype, op) for each of dtypes the reduction `name` applies to: on complex dtypes only sums,
+    as torch refuses the others before any backend sees them."""
+    for dn in dtypes:
+        dtype = dtype_of(dn)
+        if dtype.is_complex and name not in ("SUM", "AVG", "PREMUL_SUM"):
+            continue
+        yield dn, dtype, _torch_op(name, dtype, tensor_factor)
+
+
 def _kind(name: str) -> str:
     return "prod" if name == "PRODUCT" else "any"
 
@@ -153,11 +163,7 @@ def rank_all_reduce(ctx, name: str, dtypes, sizes, tensor_factor=False, non_cont
     import torch.distributed as dist
 
     problems = []
-    for dn in dtypes:
-        dtype = dtype_of(dn)
-        if dtype.is_complex and name not in ("SUM", "AVG", "PREMUL_SUM"):
-            continue  # torch refuses before any backend sees it
-        op = _torch_op(name, dtype, tensor_factor)
+    for dn, dtype, op in _dtype_ops(name, dtypes, tensor_factor):
         for n in sizes:
             xs = _inputs(ctx, dtype, n, 1, name)
             mine = xs[ctx.rank]
@@ -189,11 +195,7 @@ def rank_reduce(ctx, name: str, dtypes, sizes) -> list[str]:
     import torch.distributed as dist
 
     problems = []
-    for dn in dtypes:
-        dtype = dtype_of(dn)
-        if dtype.is_complex and name not in ("SUM", "AVG", "PREMUL_SUM"):
-            continue
-        op = _torch_op(name, dtype)
+    for dn, dtype, op in _dtype_ops(name, dtypes):
         for n in sizes:
             xs = _inputs(ctx, dtype, n, 2, name)
             for root in range(ctx.world_size):
@@ -224,11 +226,7 @@ def rank_reduce_scatter(ctx, name: str, dtypes, sizes, form: str) -> list[str]:
 
     world, rank = ctx.world_size, ctx.rank
     problems = []
-    for dn in dtypes:
-        dtype = dtype_of(dn)
-        if dtype.is_complex and name not in ("SUM", "AVG", "PREMUL_SUM"):
-            continue
-        op = _torch_op(name, dtype)
+    for dn, dtype, op in _dtype_ops(name, dtypes):
         for n in sizes:
             counts = [n + (k if form == "uneven" else 0) for k in range(world)]
             # chunks[r][k]: rank r's contribution to rank k.
@@ -258,11 +256,7 @@ def rank_coalesced(ctx, name: str, dtypes, form: str) -> list[str]:
     world, rank = ctx.world_size, ctx.rank
     problems = []
     sizes = (0, 1, 7, 300)
-    for dn in dtypes:
-        dtype = dtype_of(dn)
-        if dtype.is_complex and name not in ("SUM", "AVG", "PREMUL_SUM"):
-            continue
-        op = _torch_op(name, dtype)
+    for dn, dtype, op in _dtype_ops(name, dtypes):
         if form == "cm_reduce_scatter_tensor":
             ins = [[make_input(dtype, s * world, r, 20 + i, _kind(name)) for i, s in enumerate(sizes)] for r in range(world)]
             expected = [expected_reduction(name, [ins[r][i].narrow(0, rank * s, s) for r in range(world)], world) for i, s in enumerate(sizes)]

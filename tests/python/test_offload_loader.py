@@ -12,8 +12,6 @@ import warnings
 import numpy as np
 import pytest
 
-from processes import small_image_dataset, two_daemons
-
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 media = pytest.importorskip("dlop._C").media
@@ -31,16 +29,6 @@ SPEC = {
     ]
 }
 SEED, BATCH = 11, 4
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    return small_image_dataset(tmp_path_factory.mktemp("data") / "train")
-
-
-@pytest.fixture()
-def daemons(tmp_path):
-    yield from two_daemons(tmp_path, TOKEN)
 
 
 def reference(dataset: str, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -17,8 +17,6 @@ import warnings
 
 import pytest
 
-from processes import small_image_dataset, two_daemons
-
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
 if not hasattr(offload, "LeaseManager"):
@@ -29,16 +27,6 @@ from dlop.data import OffloadLoader, metrics  # noqa: E402
 TOKEN = "offload-metrics-test-token-0123456789"
 SPEC = {"ops": [{"op": "random_resized_crop", "size": 32}, {"op": "hflip", "p": 0.5}]}
 BATCH = 4  # 18 samples: 5 batches an epoch
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    return small_image_dataset(tmp_path_factory.mktemp("data") / "train")
-
-
-@pytest.fixture()
-def daemons(tmp_path):
-    yield from two_daemons(tmp_path, TOKEN)
 
 
 @pytest.fixture()

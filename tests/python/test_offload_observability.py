@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from processes import Daemon, offloader, small_image_dataset, token_file_with, wait_for
+from processes import Daemon, offloader, token_file_with, wait_for
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -80,11 +80,6 @@ class MetricsDaemon(Daemon):
         self.metrics, self.address = m.groups()
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    return small_image_dataset(tmp_path_factory.mktemp("data") / "train")
 
 
 @pytest.fixture()

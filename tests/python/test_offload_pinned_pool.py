@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from processes import Daemon, small_image_dataset, token_file_with, two_daemons
+from processes import Daemon, token_file_with
 
 torch = pytest.importorskip("torch")
 offload = pytest.importorskip("dlop._C").offload
@@ -27,16 +27,6 @@ TOKEN = "offload-pinned-pool-test-token-0123456789"
 SPEC = {"ops": [{"op": "random_resized_crop", "size": 32}, {"op": "hflip", "p": 0.5}], "output": "uint8"}
 SEED, BATCH = 5, 4
 DEVICE = torch.device(accelerator.NAME, 1)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    return small_image_dataset(tmp_path_factory.mktemp("data") / "train")
-
-
-@pytest.fixture()
-def daemons(tmp_path):
-    yield from two_daemons(tmp_path, TOKEN)
 
 
 def reference(dataset: str, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:

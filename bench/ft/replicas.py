@@ -51,7 +51,7 @@ class Lighthouse:
 
     def __enter__(self) -> "Lighthouse":
         self._proc = subprocess.Popen(self._args, stdout=open(self._log, "w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded machine starts it slowly
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:

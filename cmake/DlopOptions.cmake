@@ -35,3 +35,12 @@ function(dlop_precompile_common_headers target)
   target_precompile_headers(${target} PRIVATE <fmt/format.h> <algorithm> <chrono> <cstdint> <cstring> <functional>
                             <memory> <optional> <string> <string_view> <vector>)
 endfunction()
+
+# Test and benchmark executables compile their files in batches of eight, one
+# translation unit per batch: each file is short and mostly GoogleTest, fmt and
+# the layer's headers, which a batch then parses once. A target whose files
+# define file-local helpers under the same names turns it off (UNITY_BUILD OFF
+# after this), or marks such a file SKIP_UNITY_BUILD_INCLUSION.
+function(dlop_unity_build target)
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+endfunction()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from bench.offload.offload_media import (CROP, FRAMES, HFLIP, RATE, SECONDS, SHORT_SIDE, STRIDE, SoundfileFeatures,
+from bench.offload.media_workload import (CROP, FRAMES, HFLIP, RATE, SECONDS, SHORT_SIDE, STRIDE, SoundfileFeatures,
                                  class_folder, pad_collate)
 from bench.offload.peers import missing  # noqa: F401  (the media rows say why a peer is absent the same way)
 
@@ -174,7 +174,7 @@ def check_media_epoch(batches, files, video: bool, batch: int) -> None:
     import torch
 
     from bench.offload.data_check import DataCheckError
-    from bench.offload.offload_media import N_MELS
+    from bench.offload.media_workload import N_MELS
 
     seen: Counter = Counter()
     total = 0

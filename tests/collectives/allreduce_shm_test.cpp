@@ -8,6 +8,9 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+#include <vector>
+
 #include "core/error.hpp"
 #include "reduction_check.hpp"
 
@@ -17,6 +20,19 @@ namespace {
 using namespace ref;
 
 constexpr std::size_t kGridCounts[] = {0, 1, 7, 1023, kLargeCount};
+
+// Every rank count meets the small counts; the large count (many rounds of every slot, a remainder)
+// runs on the fewest and the most ranks: at 3 and 4 ranks it walks the same paths at the same
+// per-rank block sizes and cost a minute of the suite (and more under ASan).
+std::vector<std::tuple<int, std::size_t>> grid() {
+  std::vector<std::tuple<int, std::size_t>> cases;
+  for (const int ranks : {2, 3, 4, 5}) {
+    for (const std::size_t count : kGridCounts) {
+      if (count != kLargeCount || ranks == 2 || ranks == 5) cases.emplace_back(ranks, count);
+    }
+  }
+  return cases;
+}
 
 // --- the grid: ranks x counts x every dtype/op pair, in and out of place -----
 
@@ -32,7 +48,7 @@ TEST_P(ShmGrid, EveryDtypeAndOpInAndOutOfPlace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, ShmGrid,
-                         ::testing::Combine(::testing::Values(2, 3, 4, 5), ::testing::ValuesIn(kGridCounts)),
+                         ::testing::ValuesIn(grid()),
                          [](const auto& param_info) {
                            return fmt::format("ranks{}_count{}", std::get<0>(param_info.param), std::get<1>(param_info.param));
                          });

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "media/ops.hpp"
 #include "test_data.hpp"
@@ -190,6 +191,24 @@ TEST(Layout, ChwOutputsMatchTheFormula) {
       const volatile float scaled = static_cast<float>(v) / 255.0f;
       ASSERT_EQ(f32[c * 30 + i], (scaled - mean[c]) / stdev[c]);
     }
+  }
+}
+
+TEST(Layout, MirroredChwEqualsHflipThenChw) {
+  const std::array<float, 3> mean{0.485f, 0.456f, 0.406f}, stdev{0.229f, 0.224f, 0.225f};
+  for (const auto& [h, w] : {std::pair{1, 1}, std::pair{3, 7}, std::pair{5, 8}, std::pair{224, 223}}) {
+    const Image src = make_image(h, w, 7);
+    Image flipped = src;
+    hflip(flipped);
+    const std::size_t n = static_cast<std::size_t>(3 * h * w);
+    std::vector<std::uint8_t> u8_want(n), u8_got(n);
+    std::vector<float> f32_want(n), f32_got(n);
+    to_chw_uint8(flipped, u8_want.data());
+    to_chw_uint8(src, u8_got.data(), Mirror::kYes);
+    EXPECT_EQ(u8_got, u8_want) << h << "x" << w;
+    to_chw_float(flipped, mean, stdev, f32_want.data());
+    to_chw_float(src, mean, stdev, f32_got.data(), Mirror::kYes);
+    EXPECT_EQ(std::memcmp(f32_got.data(), f32_want.data(), n * sizeof(float)), 0) << h << "x" << w;
   }
 }
 

@@ -83,6 +83,40 @@ TEST(ImagePipeline, RunEqualsTheOpsComposedByHand) {
   EXPECT_EQ(std::memcmp(t.data.data(), want.data(), want.size()), 0);
 }
 
+// A flip just before normalize (or last) is left to the layout step, which
+// mirrors as it writes: the result is bitwise that of the separate ops, and
+// the flip draws from its own position's stream, as when it ran alone.
+TEST(ImagePipeline, FlipBeforeTheLayoutStepEqualsTheSeparateOps) {
+  const Image img = make_image(75, 101, 3);
+  const auto png = encode_png(img);
+  const std::array<float, 3> mean{0.485f, 0.456f, 0.406f}, stdev{0.229f, 0.224f, 0.225f};
+  for (const char* output : {"float32", "uint8"}) {
+    const bool f32 = std::string_view(output) == "float32";
+    const ImagePipeline p = ImagePipeline::from_json(fmt::format(R"({{"ops": [
+        {{"op": "center_crop", "size": [61, 47]}}, {{"op": "hflip", "p": 0.5}}{}], "output": "{}"}})",
+        f32 ? R"(, {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]})" : "", output));
+    int flips = 0;
+    for (std::uint64_t i = 0; i < 16; ++i) {
+      const SampleKey key{4, 1, i};
+      Image cropped;
+      crop(img, center_crop_box(75, 101, 61, 47), cropped);
+      const bool flip = SampleRng(key, 1).uniform() < 0.5;
+      flips += flip;
+      if (flip) hflip(cropped);
+      const Tensor t = p.run(png, key);
+      std::vector<std::byte> want(t.data.size());
+      if (f32) {
+        to_chw_float(cropped, mean, stdev, reinterpret_cast<float*>(want.data()));
+      } else {
+        to_chw_uint8(cropped, reinterpret_cast<std::uint8_t*>(want.data()));
+      }
+      ASSERT_EQ(t.data, want) << output << " " << i;
+    }
+    EXPECT_GT(flips, 0);
+    EXPECT_LT(flips, 16);
+  }
+}
+
 // A source held in memory, so the test can plant bad samples.
 class MemorySource final : public Source {
  public:

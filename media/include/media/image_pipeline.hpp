@@ -16,6 +16,7 @@
 #include "core/random.hpp"
 #include "media/batch_maker.hpp"
 #include "media/image.hpp"
+#include "media/ops.hpp"
 #include "media/source.hpp"
 #include "media/image_spec.hpp"
 
@@ -73,14 +74,19 @@ class ImagePipeline final : public BatchMaker {
     Image a, b;
     std::vector<std::uint8_t> bytes;
     StageTimes times;
+    Mirror mirror = Mirror::kNo;  // what the flip left to the layout step drew
   };
   // Decodes and runs the geometric ops; the result is in scratch.a or .b.
   const Image& transform(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name,
                          Scratch& scratch) const;
-  // The final layout step: CHW, uint8 or float32 (normalised).
-  void emit(const Image& image, std::byte* out) const;
+  // The final layout step: CHW, uint8 or float32 (normalised), mirrored when
+  // the flip was left to it.
+  void emit(const Image& image, Mirror mirror, std::byte* out) const;
 
   TransformSpec spec_;
+  // The ops transform() runs; an hflip last but for normalize is left out,
+  // and emit() mirrors as it writes instead (one pass over the pixels).
+  std::size_t pixel_ops_ = 0;
 };
 
 }  // namespace dlop::media

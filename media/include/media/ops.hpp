@@ -53,13 +53,17 @@ void crop(const Image& src, const CropBox& box, Image& dst);
 // Mirrors left-right in place.
 void hflip(Image& image);
 
+// Whether the layout step mirrors the image left-right as it writes it: the
+// same values as hflip then the layout step, in one pass over the pixels.
+enum class Mirror { kNo, kYes };
+
 // Writes C planes (CHW) of 8-bit values.
-void to_chw_uint8(const Image& image, std::uint8_t* out);
+void to_chw_uint8(const Image& image, std::uint8_t* out, Mirror mirror = Mirror::kNo);
 
 // Writes C planes (CHW) of float32 (x / 255 - mean[c]) / std[c], each step in
 // float32 as torchvision's ToTensor then Normalize compute it, so results
 // are bitwise equal to theirs. mean 0 and std 1 give plain ToTensor.
 void to_chw_float(const Image& image, const std::array<float, 3>& mean, const std::array<float, 3>& std,
-                  float* out);
+                  float* out, Mirror mirror = Mirror::kNo);
 
 }  // namespace dlop::media

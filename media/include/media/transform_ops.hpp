@@ -138,8 +138,11 @@ struct HFlipOp {
   double p = 0.5;
 
   static void params(auto& op, auto& v) { v.number("p", op.p, 0.0, 1.0); }
+  // The draw, in one place for apply() and for the pipeline's layout step,
+  // which mirrors as it writes when a flip is the last pixel op.
+  bool flips(SampleRng rng) const { return rng.uniform() < p; }
   void apply(OpSample& s) const {
-    if (s.rng().uniform() < p) hflip(s.image());
+    if (flips(s.rng())) hflip(s.image());
   }
 };
 

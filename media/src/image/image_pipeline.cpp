@@ -17,7 +17,13 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-ImagePipeline::ImagePipeline(TransformSpec spec) : spec_(std::move(spec)) { spec_.validate(); }
+ImagePipeline::ImagePipeline(TransformSpec spec) : spec_(std::move(spec)) {
+  spec_.validate();
+  const auto& ops = spec_.ops;
+  pixel_ops_ = ops.size();
+  if (pixel_ops_ > 0 && std::holds_alternative<NormalizeOp>(ops[pixel_ops_ - 1])) --pixel_ops_;
+  if (pixel_ops_ > 0 && std::holds_alternative<HFlipOp>(ops[pixel_ops_ - 1])) --pixel_ops_;
+}
 
 std::optional<Shape> ImagePipeline::fixed_shape() const {
   std::optional<Size2> size;
@@ -59,21 +65,27 @@ const Image& ImagePipeline::transform(std::span<const std::uint8_t> encoded, con
     first = 1;
   }
   OpSample sample(*cur, *other, key);
-  for (std::size_t i = first; i < spec_.ops.size(); ++i) {
+  for (std::size_t i = first; i < pixel_ops_; ++i) {
     sample.at(i);
     std::visit([&](const auto& op) { op.apply(sample); }, spec_.ops[i]);
+  }
+  scratch.mirror = Mirror::kNo;
+  if (pixel_ops_ < spec_.ops.size()) {
+    if (const auto* flip = std::get_if<HFlipOp>(&spec_.ops[pixel_ops_])) {
+      if (flip->flips(SampleRng(key, pixel_ops_))) scratch.mirror = Mirror::kYes;
+    }
   }
   scratch.times.augment += seconds(Clock::now() - decoded);
   return sample.image();
 }
 
-void ImagePipeline::emit(const Image& image, std::byte* out) const {
-  if (spec_.output == OutputType::kUint8) return to_chw_uint8(image, reinterpret_cast<std::uint8_t*>(out));
+void ImagePipeline::emit(const Image& image, Mirror mirror, std::byte* out) const {
+  if (spec_.output == OutputType::kUint8) return to_chw_uint8(image, reinterpret_cast<std::uint8_t*>(out), mirror);
   NormalizeOp norm;
   if (!spec_.ops.empty()) {
     if (const auto* n = std::get_if<NormalizeOp>(&spec_.ops.back())) norm = *n;
   }
-  to_chw_float(image, norm.mean, norm.std, reinterpret_cast<float*>(out));
+  to_chw_float(image, norm.mean, norm.std, reinterpret_cast<float*>(out), mirror);
 }
 
 Tensor ImagePipeline::run(std::span<const std::uint8_t> encoded, const SampleKey& key, std::string_view name) const {
@@ -83,7 +95,7 @@ Tensor ImagePipeline::run(std::span<const std::uint8_t> encoded, const SampleKey
   t.dtype = spec_.output;
   t.shape = Shape{3, image.height, image.width};
   t.data.resize(t.shape.elements() * element_size());
-  emit(image, t.data.data());
+  emit(image, scratch.mirror, t.data.data());
   return t;
 }
 
@@ -114,7 +126,7 @@ BatchResult ImagePipeline::run_batch(const Source& source, std::span<const std::
                        s.times.read_bytes = bytes.size();
                        const Image& image = transform(bytes, SampleKey{seed, epoch, index}, {}, s);
                        const auto transformed = Clock::now();
-                       emit(image, out.samples.data() + k * sample_bytes);
+                       emit(image, s.mirror, out.samples.data() + k * sample_bytes);
                        out.labels[k] = from.label(index);
                        s.times.collate += seconds(Clock::now() - transformed);
                        times += s.times;

@@ -18,7 +18,7 @@ media = pytest.importorskip("dlop._C").media
 
 from dlop.data import OffloadLoader  # noqa: E402
 from dlop.data.make_video import make_video_dataset  # noqa: E402
-from test_offload_loader import TOKEN, daemons  # noqa: E402,F401  (the fixture)
+from test_offload_loader import TOKEN  # noqa: E402  (the daemons fixture is in conftest.py)
 
 SEED, BATCH = 5, 3
 AUDIO = {"kind": "audio", "seconds": 1.5, "n_mels": 40, "freq_masks": 1, "freq_mask_width": 8,
